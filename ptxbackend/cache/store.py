@@ -1,0 +1,257 @@
+"""A cache store in a local directory.
+
+Layout under the root (``v1`` is the schema version)::
+
+    v1/<producer>/<target>/<kk>/<key>.<kind>                      compiler output
+    v1/<producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin  the driver's JIT of a PTX entry
+    v1/<producer>/identity.json                                   what that producer can emit
+    v1/locks/<kk>/<hash>.lock                                     one lock per entry path
+    v1/meta/                                                      compiler identities, header fingerprints
+
+Reads take no lock: entries are renamed into place whole, so a reader sees a
+complete file or none.  Only a miss takes the entry's lock, with a bounded
+wait, and looks again once it holds it.
+"""
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import stat as stat_module
+import time
+
+from .. import _fsutil
+from ..errors import CacheError
+from . import entry as entry_format
+from .keys import SCHEMA_VERSION
+
+log = logging.getLogger("ptxbackend.cache")
+
+LAYOUT = "v%d" % SCHEMA_VERSION
+KIND_SUFFIXES = ("ptx", "cubin", "fatbin")
+_TOUCH_AFTER = 3600.0  # refresh an entry's mtime (its LRU age) at most hourly
+_PRUNE_EVERY = 300.0   # look at the total size at most every five minutes, on writes
+
+
+def _check_private_dir(path):
+    """Refuse a directory another user could write into: entries there could be planted."""
+    st = os.stat(path)
+    if not stat_module.S_ISDIR(st.st_mode):
+        raise CacheError("cache path %s is not a directory" % path)
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise CacheError(
+            "cache directory %s belongs to uid %d, not to you (uid %d): refusing to load "
+            "kernels from it. Set PTXBACKEND_CACHE_DIR to a directory of your own."
+            % (path, st.st_uid, os.getuid()))
+    if st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH):
+        raise CacheError(
+            "cache directory %s is writable by group or others (mode %o): refusing to load "
+            "kernels from it. Run: chmod 700 %s" % (path, st.st_mode & 0o777, path))
+
+
+class DirectoryStore(object):
+    """Entries in a local directory: atomic writes, per-entry locks, LRU pruning."""
+
+    def __init__(self, root, max_size=1 << 30, lock_timeout=600.0):
+        self.root = os.path.abspath(root)
+        self.base = os.path.join(self.root, LAYOUT)
+        self.meta_dir = os.path.join(self.base, "meta")
+        self.max_size = max_size
+        self.lock_timeout = lock_timeout
+        try:
+            _fsutil.make_private_dirs(self.base)
+        except OSError as exc:
+            raise CacheError("cannot create cache directory %s: %s. Set PTXBACKEND_CACHE_DIR "
+                             "to a writable directory." % (self.base, exc))
+        _check_private_dir(self.base)
+        if not os.access(self.base, os.W_OK | os.X_OK):
+            raise CacheError("cache directory %s is not writable. Set PTXBACKEND_CACHE_DIR to a "
+                             "writable directory." % self.base)
+
+    # -- paths ---------------------------------------------------------------------------------
+    def entry_path(self, producer, target, key, kind):
+        return os.path.join(self.base, producer, str(target), key[:2], "%s.%s" % (key, kind))
+
+    def jit_path(self, producer, target, key, device_cc, driver_build):
+        return os.path.join(self.base, producer, str(target), "jit",
+                            "sm_%d-%s" % (device_cc, driver_build), key[:2], key + ".cubin")
+
+    def _lock_path(self, path):
+        name = hashlib.sha256(os.path.relpath(path, self.base).encode("utf-8")).hexdigest()
+        return os.path.join(self.base, "locks", name[:2], name + ".lock")
+
+    # -- entries -------------------------------------------------------------------------------
+    def read(self, path, key, kind):
+        """Return ``(payload, metadata)`` for a valid entry, or ``None``.
+
+        A corrupt, truncated, foreign or planted (symlink, directory) entry is
+        removed with a warning, so the caller rebuilds it.
+        """
+        try:
+            blob = _fsutil.read_file(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            self._discard(path, "cannot be read (%s)" % (exc.strerror or exc))
+            return None
+        try:
+            payload, metadata = entry_format.decode(blob, key, kind)
+        except entry_format.CorruptEntry as exc:
+            self._discard(path, str(exc))
+            return None
+        self._touch(path)
+        return payload, metadata
+
+    def write(self, path, payload, metadata):
+        """Store an entry atomically; prune now and then.  Raises ``OSError`` (e.g. ENOSPC)."""
+        _fsutil.make_private_dirs(os.path.dirname(path))
+        _fsutil.write_atomic(path, entry_format.encode(payload, metadata))
+        self._maybe_prune()
+
+    def _discard(self, path, why):
+        log.warning("ptxbackend: discarding cache entry %s: %s; it will be rebuilt", path, why)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            _fsutil.remove_quietly(path)
+
+    def _touch(self, path):
+        try:
+            if time.time() - os.lstat(path).st_mtime > _TOUCH_AFTER:
+                os.utime(path, None)
+        except OSError:
+            pass
+
+    @contextlib.contextmanager
+    def lock(self, path):
+        """Hold the lock of the entry at ``path`` (bounded wait: ``lock_timeout`` seconds)."""
+        import filelock
+        lock_path = self._lock_path(path)
+        _fsutil.make_private_dirs(os.path.dirname(lock_path))
+        if os.path.islink(lock_path):
+            # filelock opens the path with O_CREAT|O_TRUNC: a planted link would be written through.
+            log.warning("ptxbackend: removing a symlink planted at lock path %s", lock_path)
+            _fsutil.remove_quietly(lock_path)
+        lock = filelock.FileLock(lock_path, timeout=self.lock_timeout)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise CacheError(
+                "waited %.0f s for the cache lock %s (another process is compiling the same "
+                "kernel, or is stuck). Raise PTXBACKEND_LOCK_TIMEOUT, or stop the other process."
+                % (self.lock_timeout, lock_path))
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # -- producers -----------------------------------------------------------------------------
+    def save_identity(self, identity):
+        """Record what a producer can emit, so a machine without it can still resolve targets."""
+        path = os.path.join(self.base, identity.producer, "identity.json")
+        data = identity.to_json()
+        try:
+            if json.loads(_fsutil.read_file(path).decode("utf-8")) == data:
+                return
+        except (OSError, ValueError):
+            pass
+        _fsutil.make_private_dirs(os.path.dirname(path))
+        _fsutil.write_atomic(path, json.dumps(data, sort_keys=True).encode("utf-8"))
+
+    def identities(self):
+        """``CompilerIdentity`` of every producer that has entries here, newest first."""
+        from ..compilers.base import CompilerIdentity
+        found = []
+        for producer in self._producers():
+            try:
+                data = json.loads(_fsutil.read_file(
+                    os.path.join(self.base, producer, "identity.json")).decode("utf-8"))
+                found.append(CompilerIdentity.from_json(data))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return found
+
+    def _producers(self):
+        try:
+            names = os.listdir(self.base)
+        except OSError:
+            return []
+        return sorted((n for n in names if n not in ("locks", "meta") and "-" in n), reverse=True)
+
+    # -- maintenance ---------------------------------------------------------------------------
+    def entries(self):
+        """Yield ``(path, size, mtime)`` of every entry file."""
+        for producer in self._producers():
+            top = os.path.join(self.base, producer)
+            for base, _dirs, files in os.walk(top):
+                for name in files:
+                    if name.rsplit(".", 1)[-1] not in KIND_SUFFIXES:
+                        continue
+                    full = os.path.join(base, name)
+                    try:
+                        st = os.lstat(full)
+                    except OSError:
+                        continue
+                    yield full, st.st_size, st.st_mtime
+
+    def verify(self, repair=False):
+        """Check every entry.  Returns ``(good, [(path, reason), ...])``; ``repair`` removes bad ones."""
+        good = 0
+        bad = []
+        for path, _size, _mtime in list(self.entries()):
+            try:
+                entry_format.decode(_fsutil.read_file(path))
+                good += 1
+            except (OSError, entry_format.CorruptEntry) as exc:
+                bad.append((path, str(exc)))
+                if repair:
+                    _fsutil.remove_quietly(path)
+        return good, bad
+
+    def total_size(self):
+        return sum(size for _path, size, _mtime in self.entries())
+
+    def prune(self, max_size=None):
+        """Remove least-recently-used entries until the total is at most 80% of ``max_size``.
+
+        Returns ``(files_removed, bytes_removed)``.
+        """
+        limit = self.max_size if max_size is None else max_size
+        items = sorted(self.entries(), key=lambda item: item[2])
+        total = sum(item[1] for item in items)
+        removed = freed = 0
+        if limit is None or total <= limit:
+            return 0, 0
+        goal = int(limit * 0.8)
+        for path, size, _mtime in items:
+            if total <= goal:
+                break
+            _fsutil.remove_quietly(path)
+            total -= size
+            removed += 1
+            freed += size
+        return removed, freed
+
+    def _maybe_prune(self):
+        if not self.max_size:
+            return
+        stamp = os.path.join(self.base, "meta", "last-prune")
+        try:
+            if time.time() - os.stat(stamp).st_mtime < _PRUNE_EVERY:
+                return
+        except OSError:
+            pass
+        try:
+            _fsutil.make_private_dirs(os.path.dirname(stamp))
+            _fsutil.write_atomic(stamp, b"")
+            self.prune()
+        except OSError as exc:
+            log.debug("ptxbackend: pruning skipped: %s", exc)
+
+    def clear(self):
+        """Remove every entry, lock and memo of this schema version."""
+        shutil.rmtree(self.base, ignore_errors=True)
+        _fsutil.make_private_dirs(self.base)

@@ -1,0 +1,141 @@
+"""The ``ptxbackend`` command line (also ``python -m ptxbackend``)."""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from . import __version__
+from .errors import PtxBackendError
+
+
+def _cmd_doctor(args):
+    from . import doctor
+    report = doctor.collect()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        print(doctor.render(report))
+    return 0
+
+
+def _cmd_compile(args):
+    from .engine import compile as compile_kernel
+    with open(args.file, "rb") as handle:
+        source = handle.read()
+    options = args.compiler_options
+    started = time.time()
+    artifact = compile_kernel(source, options, target=args.target, compiler=args.compiler,
+                              device_cc=args.device_cc, name=os.path.basename(args.file))
+    elapsed = time.time() - started
+    print("target:   %s (%s)" % (artifact.target, artifact.reason))
+    print("kind:     %s, %d bytes, by %s" % (artifact.kind, len(artifact.image), artifact.producer))
+    print("cache:    %s" % artifact.path)
+    print("result:   %s in %.3f s" % ("hit" if artifact.cache_hit else "miss (compiled)", elapsed))
+    if args.output:
+        with open(args.output, "wb") as handle:
+            handle.write(artifact.image)
+        print("written:  %s" % args.output)
+    return 0
+
+
+def _cmd_cache(args):
+    from .config import load_settings
+    from .engine import open_store
+    from .config import parse_size
+    store = open_store(load_settings(cache_dir=args.cache_dir))
+    if args.action == "info":
+        entries = list(store.entries())
+        total = sum(size for _p, size, _m in entries)
+        print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (limit %.0f MiB)" % (
+            store.root, len(entries), total / 1048576.0, (store.max_size or 0) / 1048576.0))
+        for identity in store.identities():
+            print("producer:  %s (%s)" % (identity.producer, identity.path))
+    elif args.action == "list":
+        for path, size, mtime in sorted(store.entries()):
+            print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
+                                    os.path.relpath(path, store.root)))
+    elif args.action == "verify":
+        good, bad = store.verify(repair=args.repair)
+        for path, why in bad:
+            print("BAD  %s: %s%s" % (path, why, " (removed)" if args.repair else ""))
+        print("%d entries verified, %d bad" % (good, len(bad)))
+        return 1 if bad and not args.repair else 0
+    elif args.action == "prune":
+        limit = parse_size(args.max_size) if args.max_size else None
+        removed, freed = store.prune(limit)
+        print("removed %d entries, %.2f MiB" % (removed, freed / 1048576.0))
+    elif args.action == "clear":
+        store.clear()
+        print("cleared %s" % store.root)
+    return 0
+
+
+def _cmd_demo(args):
+    from . import demo
+    return demo.run(device_cc=args.device_cc, compiler=args.compiler, target=args.target)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="ptxbackend",
+        description="Compile CUDA kernels for GPUs newer than your toolkit: PTX, a safe cache, driver JIT.")
+    parser.add_argument("--version", action="version", version="ptxbackend " + __version__)
+    sub = parser.add_subparsers(dest="command")
+
+    doctor = sub.add_parser("doctor", help="report compilers, driver, devices, target choice, cache, problems")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(func=_cmd_doctor)
+
+    def add_build_options(p):
+        p.add_argument("--target", help="auto, native, compute_XY, sm_XY, X.Y or a comma list (PTXBACKEND_TARGET)")
+        p.add_argument("--compiler", choices=("nvcc", "nvrtc"), help="compiler to use (PTXBACKEND_COMPILER)")
+        p.add_argument("--device-cc", help="build for a GPU of this compute capability, e.g. 7.5 "
+                                           "(PTXBACKEND_DEVICE_CC)")
+
+    comp = sub.add_parser("compile", help="compile a .cu file through the cache")
+    comp.add_argument("file", help="CUDA source file")
+    add_build_options(comp)
+    comp.add_argument("-o", "--output", help="also write the image to this file")
+    comp.epilog = "Compiler options go after --, e.g.: ptxbackend compile k.cu --target compute_75 -- -I include"
+    comp.set_defaults(func=_cmd_compile)
+
+    cache = sub.add_parser("cache", help="inspect or maintain the cache")
+    cache.add_argument("action", choices=("info", "list", "verify", "prune", "clear"))
+    cache.add_argument("--cache-dir", help="cache directory (PTXBACKEND_CACHE_DIR)")
+    cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
+    cache.add_argument("--max-size", help="prune: size limit, e.g. 500M (default PTXBACKEND_CACHE_MAX_SIZE)")
+    cache.set_defaults(func=_cmd_cache)
+
+    demo = sub.add_parser("demo", help="compile the example kernel; on a GPU, run it and check the result")
+    add_build_options(demo)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first "--" belongs to the compiler, untouched by argparse.
+    compiler_options = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, compiler_options = argv[:split], argv[split + 1:]
+    args = parser.parse_args(argv)
+    args.compiler_options = compiler_options
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except PtxBackendError as exc:
+        print("ptxbackend: error: %s" % exc, file=sys.stderr)
+        return 1
+    except (IOError, OSError) as exc:
+        print("ptxbackend: error: %s" % exc, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

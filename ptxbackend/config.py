@@ -1,0 +1,145 @@
+"""Settings: function arguments, then ``PTXBACKEND_*`` variables, then a config file, then defaults.
+
+The config file is INI with one ``[ptxbackend]`` section whose keys are the
+knob names below (``target = compute_75``).  It is read from
+``PTXBACKEND_CONFIG`` or, by default, ``<user config dir>/ptxbackend/config.ini``.
+docs/configuration.md documents every knob in :data:`KNOBS`.
+"""
+
+import logging
+import os
+import re
+
+from .errors import PtxBackendError
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text):
+    """``'1G'``, ``'512MiB'``, ``'1048576'`` -> bytes."""
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError("not a size: %r (write e.g. 4G, 512M or a number of bytes)" % (text,))
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def parse_bool(text):
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("not a boolean: %r (write 1 or 0)" % (text,))
+
+
+def _text(value):
+    return str(value).strip() or None
+
+
+# name -> (environment variable, default, parser)
+KNOBS = {
+    "target": ("PTXBACKEND_TARGET", "auto", _text),
+    "compiler": ("PTXBACKEND_COMPILER", None, _text),
+    "nvcc": ("PTXBACKEND_NVCC", None, _text),
+    "nvrtc": ("PTXBACKEND_NVRTC", None, _text),
+    "device_cc": ("PTXBACKEND_DEVICE_CC", None, _text),
+    "cache_dir": ("PTXBACKEND_CACHE_DIR", None, _text),
+    "cache_max_size": ("PTXBACKEND_CACHE_MAX_SIZE", 1 << 30, parse_size),
+    "cubin_cache": ("PTXBACKEND_CUBIN_CACHE", True, parse_bool),
+    "lock_timeout": ("PTXBACKEND_LOCK_TIMEOUT", 600.0, float),
+    "log": ("PTXBACKEND_LOG", "warning", _text),
+}
+
+_file_cache = {}
+
+
+def config_file_path():
+    explicit = os.environ.get("PTXBACKEND_CONFIG")
+    if explicit:
+        return explicit
+    import platformdirs
+    return os.path.join(platformdirs.user_config_dir("ptxbackend", appauthor=False), "config.ini")
+
+
+def _file_values(path):
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return {}
+    cached = _file_cache.get(path)
+    if cached and cached[0] == mtime:
+        return cached[1]
+    import configparser
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(path, encoding="utf-8")
+    except configparser.Error as exc:
+        raise PtxBackendError("config file %s is not valid INI: %s" % (path, exc))
+    values = dict(parser.items("ptxbackend")) if parser.has_section("ptxbackend") else {}
+    unknown = sorted(set(values) - set(KNOBS))
+    if unknown:
+        logging.getLogger("ptxbackend").warning(
+            "ptxbackend: unknown keys in %s ignored: %s (known: %s)",
+            path, ", ".join(unknown), ", ".join(sorted(KNOBS)))
+    _file_cache[path] = (mtime, values)
+    return values
+
+
+class Settings(object):
+    """The effective value of every knob, and where each came from."""
+
+    def __init__(self, values, origins):
+        self._values = values
+        self.origins = origins
+
+    def __getattr__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name)
+
+    def as_dict(self):
+        return dict(self._values)
+
+
+def load_settings(**overrides):
+    """Resolve every knob.  ``overrides`` (non-``None`` values) win over everything."""
+    file_path = config_file_path()
+    from_file = _file_values(file_path)
+    values = {}
+    origins = {}
+    for name, (env, default, parse) in KNOBS.items():
+        if overrides.get(name) is not None:
+            values[name], origins[name] = overrides[name], "argument"
+            continue
+        raw, origin = os.environ.get(env), env
+        if raw is None or raw == "":
+            raw, origin = from_file.get(name), file_path
+        if raw is None or raw == "":
+            values[name], origins[name] = default, "default"
+            continue
+        try:
+            values[name] = parse(raw)
+        except ValueError as exc:
+            raise PtxBackendError("%s=%r is invalid: %s" % (env if origin == env else name, raw, exc))
+        origins[name] = origin
+    if not values["cache_dir"]:
+        import platformdirs
+        values["cache_dir"] = platformdirs.user_cache_dir("ptxbackend", appauthor=False)
+    return Settings(values, origins)
+
+
+def configure_logging(level_name):
+    """Send ptxbackend's log records to stderr at ``level_name`` (PTXBACKEND_LOG)."""
+    logger = logging.getLogger("ptxbackend")
+    level = getattr(logging, str(level_name or "warning").upper(), None)
+    if not isinstance(level, int):
+        level = logging.WARNING
+    logger.setLevel(level)
+    if not any(getattr(h, "_ptxbackend", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._ptxbackend = True
+        logger.addHandler(handler)
+        logger.propagate = False

@@ -1,0 +1,142 @@
+"""`ptxbackend doctor`: what this machine has, what ptxbackend would do, and what to fix."""
+
+import os
+import sys
+
+from . import __version__, driver
+from .compilers import KINDS, get_compiler
+from .config import load_settings
+from .engine import open_store
+from .errors import PtxBackendError
+from .targets import choose_target, format_cc
+
+
+def _range(identity):
+    archs = identity.virtual_archs
+    return "compute_%d..compute_%d" % (archs[0], archs[-1]) if archs else "none"
+
+
+def _jit_cache_report(warnings):
+    env = {name: os.environ.get(name) for name in
+           ("CUDA_CACHE_DISABLE", "CUDA_CACHE_MAXSIZE", "CUDA_CACHE_PATH", "CUDA_FORCE_PTX_JIT")}
+    path = env["CUDA_CACHE_PATH"] or os.path.join(os.path.expanduser("~"), ".nv", "ComputeCache")
+    if env["CUDA_CACHE_DISABLE"] == "1":
+        warnings.append("CUDA_CACHE_DISABLE=1: the driver JIT-compiles PTX (yours and CUDA libraries') "
+                        "again in every process. Unset it.")
+    if env["CUDA_CACHE_MAXSIZE"]:
+        try:
+            if int(env["CUDA_CACHE_MAXSIZE"]) < (256 << 20):
+                warnings.append("CUDA_CACHE_MAXSIZE=%s bytes is small: a library's JIT output (cuDNN: "
+                                "hundreds of MB) will not fit and is compiled again in every process. "
+                                "Set CUDA_CACHE_MAXSIZE=4294967296." % env["CUDA_CACHE_MAXSIZE"])
+        except ValueError:
+            warnings.append("CUDA_CACHE_MAXSIZE=%r is not a number of bytes." % env["CUDA_CACHE_MAXSIZE"])
+    probe = path
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    writable = bool(probe) and os.access(probe, os.W_OK)
+    if not writable:
+        warnings.append("the driver JIT cache path %s is not writable: JIT results are lost at exit. "
+                        "Set CUDA_CACHE_PATH to a writable directory." % path)
+    return {"variables": env, "path": path, "writable": writable}
+
+
+def collect():
+    """Gather the report as a JSON-able dict."""
+    warnings = []
+    report = {"python": sys.version.split()[0], "executable": sys.executable,
+              "ptxbackend": __version__, "package": os.path.dirname(os.path.abspath(__file__))}
+    try:
+        settings = load_settings()
+    except PtxBackendError as exc:
+        warnings.append(str(exc))
+        report["warnings"] = warnings
+        return report
+    report["settings"] = {name: {"value": value, "from": settings.origins[name]}
+                          for name, value in sorted(settings.as_dict().items())}
+    store = open_store(settings)
+    entries = list(store.entries())
+    report["cache"] = {"dir": store.root, "entries": len(entries),
+                       "bytes": sum(size for _p, size, _m in entries), "max_bytes": settings.cache_max_size}
+    compilers = {}
+    for kind in KINDS:
+        try:
+            identity = get_compiler(kind, settings.nvcc, settings.nvrtc,
+                                    os.path.join(store.meta_dir, "compilers")).identity
+            compilers[kind] = {"path": identity.path, "version": identity.version, "range": _range(identity),
+                               "cubin": bool(identity.real_archs), "identity": identity}
+        except PtxBackendError as exc:
+            compilers[kind] = {"error": str(exc)}
+    devices = []
+    drv = {"available": driver.available()}
+    if drv["available"]:
+        drv.update(version=driver.driver_version(), build=driver.driver_build(), library=driver.library_path())
+        for ordinal in range(driver.device_count()):
+            devices.append({"ordinal": ordinal, "name": driver.device_name(ordinal),
+                            "cc": driver.compute_capability(ordinal)})
+    elif settings.device_cc:
+        from .targets import parse_cc
+        devices.append({"ordinal": None, "name": "PTXBACKEND_DEVICE_CC", "cc": parse_cc(settings.device_cc)})
+    else:
+        warnings.append("no CUDA driver or GPU here: 'auto' needs PTXBACKEND_DEVICE_CC (e.g. 7.5) to "
+                        "build for another machine.")
+    for device in devices:
+        device["auto"] = {}
+        for kind, info in compilers.items():
+            if "identity" not in info:
+                continue
+            try:
+                target, reason = choose_target(settings.target, info["identity"], device["cc"])
+                device["auto"][kind] = {"target": str(target), "kind": target.output_kind, "why": reason}
+            except PtxBackendError as exc:
+                device["auto"][kind] = {"error": str(exc)}
+    for info in compilers.values():
+        info.pop("identity", None)
+    if all("error" in info for info in compilers.values()):
+        warnings.append("no compiler found: only kernels already in the cache can be loaded. Install a CUDA "
+                        "toolkit or `pip install nvidia-cuda-nvrtc-cu12`, or set PTXBACKEND_NVCC.")
+    report.update(compilers=compilers, driver=drv, devices=devices,
+                  driver_jit_cache=_jit_cache_report(warnings), warnings=warnings)
+    return report
+
+
+def render(report):
+    """The report as text for a terminal."""
+    lines = ["ptxbackend %s on Python %s (%s)" % (report["ptxbackend"], report["python"], report["executable"])]
+    if "settings" in report:
+        lines.append("settings:")
+        for name, info in sorted(report["settings"].items()):
+            lines.append("  %-15s %-30s (%s)" % (name, info["value"], info["from"]))
+    if "cache" in report:
+        cache = report["cache"]
+        lines.append("cache: %s  (%d entries, %.1f MiB of %.0f MiB)" % (
+            cache["dir"], cache["entries"], cache["bytes"] / 1048576.0, (cache["max_bytes"] or 0) / 1048576.0))
+    for kind, info in sorted(report.get("compilers", {}).items()):
+        if "error" in info:
+            lines.append("%s: not available: %s" % (kind, info["error"].splitlines()[0]))
+        else:
+            lines.append("%s: %s at %s, targets %s%s" % (kind, info["version"], info["path"], info["range"],
+                                                         "" if info["cubin"] else " (PTX only)"))
+    drv = report.get("driver", {})
+    if drv.get("available"):
+        lines.append("driver: %s (CUDA %s), %s" % (drv["build"], drv["version"], drv["library"]))
+    elif "driver" in report:
+        lines.append("driver: not available")
+    for device in report.get("devices", []):
+        lines.append("device %s: %s, compute capability %s" % (device["ordinal"], device["name"],
+                                                               format_cc(device["cc"])))
+        for kind, choice in sorted(device["auto"].items()):
+            if "error" in choice:
+                lines.append("  %s -> no target: %s" % (kind, choice["error"]))
+            else:
+                lines.append("  %s -> %s (%s): %s" % (kind, choice["target"], choice["kind"], choice["why"]))
+    jit = report.get("driver_jit_cache")
+    if jit:
+        shown = ", ".join("%s=%s" % item for item in sorted(jit["variables"].items()) if item[1]) or "defaults"
+        lines.append("driver JIT cache: %s (%s, %s)" % (jit["path"], shown,
+                                                        "writable" if jit["writable"] else "NOT writable"))
+    for warning in report.get("warnings", []):
+        lines.append("WARNING: " + warning)
+    if not report.get("warnings"):
+        lines.append("no problems found")
+    return "\n".join(lines)

@@ -1,0 +1,260 @@
+"""The compile-and-load path: source -> key -> cache hit or compile -> image -> load.
+
+Everything a warm start repeats per kernel is here, so it is kept lean: one
+hash of the request, one file read and checksum, no subprocess, no lock.
+"""
+
+import logging
+import os
+import tempfile
+import threading
+import time
+
+from . import __version__, driver
+from .cache import DirectoryStore, header_fingerprint, include_dirs, request_key
+from .compilers import get_compiler
+from .config import configure_logging, load_settings
+from .errors import CacheError, CompilerNotFoundError, DriverError, TargetError
+from .targets import choose_target, parse_cc
+
+log = logging.getLogger("ptxbackend")
+
+_lock = threading.Lock()
+_stores = {}
+_compilers = {}
+_device_ccs = {}
+_warned = set()
+
+
+class Artifact(object):
+    """A compiled image and where it came from.
+
+    Attributes:
+        image: the bytes (PTX text, cubin or fatbin).
+        kind: ``'ptx'``, ``'cubin'`` or ``'fatbin'``.
+        target: the concrete :class:`~ptxbackend.targets.Target` built.
+        producer: the compiler that made it, e.g. ``'nvcc-11.2.152'``.
+        key: the request key (hex SHA-256).
+        path: the cache entry's path.
+        cache_hit: whether it came from the cache.
+        reason: why this target was chosen.
+        device_cc: the compute capability the choice was made for (or ``None``).
+    """
+
+    __slots__ = ("image", "kind", "target", "producer", "key", "path", "cache_hit", "reason",
+                 "device_cc", "store")
+
+    def __init__(self, image, kind, target, producer, key, path, cache_hit, reason, device_cc, store):
+        self.image = image
+        self.kind = kind
+        self.target = target
+        self.producer = producer
+        self.key = key
+        self.path = path
+        self.cache_hit = cache_hit
+        self.reason = reason
+        self.device_cc = device_cc
+        self.store = store
+
+    def __repr__(self):
+        return "<Artifact %s %s by %s, %d bytes, %s>" % (
+            self.kind, self.target, self.producer, len(self.image), "hit" if self.cache_hit else "compiled")
+
+
+def _warn_once(tag, message, *args):
+    if tag not in _warned:
+        _warned.add(tag)
+        log.warning(message, *args)
+
+
+def open_store(settings):
+    """The store for ``settings.cache_dir``; a private temporary one if that cannot be used."""
+    root = os.path.expanduser(settings.cache_dir)
+    with _lock:
+        store = _stores.get(root)
+        if store is None:
+            try:
+                store = DirectoryStore(root, settings.cache_max_size, settings.lock_timeout)
+            except (CacheError, OSError) as exc:
+                _warn_once("store:" + root,
+                           "ptxbackend: %s\nptxbackend: using a temporary cache for this process instead "
+                           "(kernels will be compiled again next time).", exc)
+                store = DirectoryStore(tempfile.mkdtemp(prefix="ptxbackend-cache-"),
+                                       settings.cache_max_size, settings.lock_timeout)
+            _stores[root] = store
+        return store
+
+
+def _compiler(settings, kind, store):
+    kind = kind or settings.compiler
+    marker = (kind, settings.nvcc, settings.nvrtc, os.environ.get("PATH"), os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"),
+              store.meta_dir)
+    with _lock:
+        found = _compilers.get(marker)
+    if found is None:
+        found = get_compiler(kind, settings.nvcc, settings.nvrtc, os.path.join(store.meta_dir, "compilers"))
+        with _lock:
+            _compilers[marker] = found
+    return found
+
+
+def device_compute_capability(settings, device_cc=None):
+    """The compute capability to build for: argument, PTXBACKEND_DEVICE_CC, or the current GPU."""
+    chosen = device_cc if device_cc is not None else settings.device_cc
+    if chosen is not None:
+        return parse_cc(chosen)
+    if not driver.available():
+        return None
+    ordinal = driver.current_device()
+    if ordinal not in _device_ccs:
+        _device_ccs[ordinal] = driver.compute_capability(ordinal)
+    return _device_ccs[ordinal]
+
+
+def _metadata(key, target, producer, options, level, **extra):
+    meta = {"key": key, "kind": "cubin" if level == "jit" else target.output_kind,
+            "target": str(target), "producer": producer, "options": [str(o) for o in options],
+            "level": level, "created": time.time(), "ptxbackend": __version__}
+    meta.update(extra)
+    return meta
+
+
+def compile(source, options=(), target=None, compiler=None, device_cc=None, cache_dir=None,
+            name="kernel.cu"):
+    """Compile ``source`` through the cache and return an :class:`Artifact`.
+
+    Args:
+        source: CUDA C++ source (str or bytes).  Kernels you look up by name
+            should be ``extern "C"``.
+        options: compiler options, kept as given (``-I`` directories are
+            fingerprinted into the key).
+        target: ``'auto'`` (default), ``'native'``, ``'compute_XY'``,
+            ``'sm_XY'``, ``'X.Y'`` or a comma list; ``None`` reads
+            ``PTXBACKEND_TARGET``.
+        compiler: ``'nvcc'``, ``'nvrtc'`` or ``None`` (``PTXBACKEND_COMPILER``,
+            else nvcc when found, else NVRTC).
+        device_cc: the GPU to build for, e.g. ``'7.5'`` (default: the current
+            device, or ``PTXBACKEND_DEVICE_CC``).
+        cache_dir: overrides ``PTXBACKEND_CACHE_DIR``.
+        name: the file name the compiler reports errors against.
+    """
+    settings = load_settings(target=target, compiler=compiler, device_cc=device_cc, cache_dir=cache_dir)
+    configure_logging(settings.log)
+    options = tuple(str(o) for o in options)
+    store = open_store(settings)
+    cc = device_compute_capability(settings)
+    headers = header_fingerprint(include_dirs(options), os.path.join(store.meta_dir, "headers"))
+    try:
+        comp = _compiler(settings, compiler, store)
+    except CompilerNotFoundError as missing:
+        return _from_cache_only(store, source, options, settings.target, cc, headers, missing)
+    chosen, reason = choose_target(settings.target, comp.identity, cc)
+    if chosen.output_kind not in comp.output_kinds:
+        raise TargetError("%s cannot produce a %s (target %s); use nvcc (PTXBACKEND_COMPILER=nvcc) "
+                          "or a target it supports: %s" % (comp.identity.producer, chosen.output_kind,
+                                                           chosen, ", ".join(comp.output_kinds)))
+    key = request_key(source, options, chosen, headers)
+    producer = comp.identity.producer
+    path = store.entry_path(producer, chosen, key, chosen.output_kind)
+    found = store.read(path, key, chosen.output_kind)
+    if found is None:
+        with store.lock(path):
+            found = store.read(path, key, chosen.output_kind)
+            if found is None:
+                image = comp.compile(source, options, chosen, name)
+                try:
+                    store.write(path, image, _metadata(key, chosen, producer, options, "compile"))
+                    store.save_identity(comp.identity)
+                except OSError as exc:
+                    _warn_once("write:" + store.root, "ptxbackend: cannot write to the cache at %s: %s; "
+                               "kernels will be compiled again next time.", store.root, exc)
+                log.debug("ptxbackend: compiled %s for %s with %s", key[:12], chosen, producer)
+                return Artifact(image, chosen.output_kind, chosen, producer, key, path, False, reason,
+                                cc, store)
+    log.debug("ptxbackend: cache hit %s", path)
+    return Artifact(found[0], chosen.output_kind, chosen, producer, key, path, True, reason, cc, store)
+
+
+def _from_cache_only(store, source, options, target_spec, cc, headers, missing):
+    """No compiler here: look for the request under every producer the cache knows."""
+    for identity in store.identities():
+        try:
+            chosen, reason = choose_target(target_spec, identity, cc)
+        except TargetError:
+            continue
+        key = request_key(source, options, chosen, headers)
+        path = store.entry_path(identity.producer, chosen, key, chosen.output_kind)
+        found = store.read(path, key, chosen.output_kind)
+        if found is not None:
+            log.debug("ptxbackend: no compiler; cache hit from %s", identity.producer)
+            return Artifact(found[0], chosen.output_kind, chosen, identity.producer, key, path, True,
+                            reason + " (cached; no compiler on this machine)", cc, store)
+    raise CompilerNotFoundError(
+        "%s\nThe cache at %s has no entry for this kernel either. Import a bundle made on a "
+        "build box with the same kernels, or install a compiler." % (missing, store.root))
+
+
+def loadable_image(artifact, cubin_cache=None):
+    """The bytes to hand to ``cuModuleLoadData`` for the current device, and their kind.
+
+    For PTX with the cubin level on, this is the driver's JIT output for this
+    device and driver, from the cache or linked now and stored: the JIT is paid
+    once per machine, not once per process.
+    """
+    if cubin_cache is None:
+        cubin_cache = load_settings().cubin_cache
+    if artifact.kind != "ptx" or not cubin_cache or artifact.store is None:
+        return artifact.image, artifact.kind
+    ordinal = driver.current_device()
+    cc = _device_ccs.get(ordinal)
+    if cc is None:
+        cc = _device_ccs[ordinal] = driver.compute_capability(ordinal)
+    store = artifact.store
+    path = store.jit_path(artifact.producer, artifact.target, artifact.key, cc, driver.driver_build())
+    found = store.read(path, artifact.key, "cubin")
+    if found is not None:
+        return found[0], "cubin"
+    cubin = driver.link_ptx(artifact.image)
+    try:
+        store.write(path, cubin, _metadata(artifact.key, artifact.target, artifact.producer, (), "jit",
+                                           device_cc=cc, driver=driver.driver_build()))
+    except OSError as exc:
+        _warn_once("write:" + store.root, "ptxbackend: cannot write to the cache at %s: %s", store.root, exc)
+    return cubin, "cubin"
+
+
+def load(artifact_or_source, options=(), **compile_args):
+    """Load a kernel image into the current CUDA context and return a driver ``Module``.
+
+    Accepts an :class:`Artifact` or kernel source (then compiled with
+    :func:`compile` and ``compile_args``).  A cached JIT cubin that the driver
+    rejects is discarded and rebuilt from the PTX once.
+    """
+    artifact = artifact_or_source
+    if not isinstance(artifact, Artifact):
+        artifact = compile(artifact_or_source, options, **compile_args)
+    image, kind = loadable_image(artifact)
+    try:
+        module = driver.load_module(image, kind)
+    except DriverError as exc:
+        if kind == "cubin" and artifact.kind == "ptx":
+            log.warning("ptxbackend: cached JIT cubin for %s rejected by the driver (%s); rebuilding",
+                        artifact.key[:12], exc.name)
+            path = artifact.store.jit_path(artifact.producer, artifact.target, artifact.key,
+                                           driver.compute_capability(driver.current_device()),
+                                           driver.driver_build())
+            artifact.store._discard(path, "rejected by the driver")
+            image, kind = loadable_image(artifact)
+            module = driver.load_module(image, kind)
+        else:
+            raise
+    module.artifact = artifact
+    return module
+
+
+def _reset_for_tests():
+    with _lock:
+        _stores.clear()
+        _compilers.clear()
+        _device_ccs.clear()
+        _warned.clear()

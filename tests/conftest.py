@@ -1,0 +1,139 @@
+"""Shared fixtures: real toolkits, an isolated cache, a clean PTXBACKEND_* environment.
+
+Old toolkits are found through PTXBACKEND_TEST_NVCC112 / PTXBACKEND_TEST_NVRTC, or
+unpacked from ../shared/toolkits next to the checkout, or (NVRTC 11.7) from the
+installed ``nvidia-cuda-nvrtc-cu11`` wheel.  When PTXBACKEND_REQUIRE_TOOLKITS=1 (CI),
+a missing toolkit fails the test instead of skipping it.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_TOOLKITS = os.path.join(os.path.dirname(REPO), "shared", "toolkits")
+
+SAXPY = r'''
+extern "C" __global__ void saxpy(float a, const float* x, float* y, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+'''
+
+
+def _missing(what):
+    if os.environ.get("PTXBACKEND_REQUIRE_TOOLKITS") == "1":
+        pytest.fail("%s is required here (PTXBACKEND_REQUIRE_TOOLKITS=1) but was not found" % what)
+    pytest.skip("%s not available" % what)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch, tmp_path):
+    """Each test starts with no PTXBACKEND_* settings, no user config and a private cache dir."""
+    for name in list(os.environ):
+        if name.startswith("PTXBACKEND_") and not name.startswith("PTXBACKEND_TEST_") \
+                and name != "PTXBACKEND_REQUIRE_TOOLKITS":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PTXBACKEND_CONFIG", str(tmp_path / "no-config.ini"))
+    monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    from ptxbackend import engine
+    from ptxbackend.cache import keys
+    engine._reset_for_tests()
+    keys.forget_fingerprints()
+    yield
+    engine._reset_for_tests()
+
+
+@pytest.fixture(scope="session")
+def nvcc13():
+    """The CUDA 13 nvcc of this machine (CI has it on PATH)."""
+    path = shutil.which("nvcc")
+    if not path:
+        _missing("nvcc (CUDA 12/13) on PATH")
+    out = subprocess.check_output([path, "--version"]).decode()
+    if "release 11." in out or "release 10." in out:
+        _missing("a CUDA >= 12 nvcc on PATH (found an older one)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def nvcc112(tmp_path_factory):
+    """Path of the real nvcc 11.2 wrapper (does not know sm_90)."""
+    explicit = os.environ.get("PTXBACKEND_TEST_NVCC112")
+    if explicit and os.path.isfile(explicit):
+        return explicit
+    archive = os.path.join(SHARED_TOOLKITS, "nvcc112.tar.xz")
+    if not os.path.isfile(archive):
+        _missing("nvcc 11.2 (set PTXBACKEND_TEST_NVCC112 or provide ../shared/toolkits/nvcc112.tar.xz)")
+    target = str(tmp_path_factory.mktemp("toolkits"))
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(target, filter="tar")  # keeps the bundle's executable bits
+        else:
+            tar.extractall(target)
+    return os.path.join(target, "nvcc112", "bin", "nvcc112")
+
+
+@pytest.fixture(scope="session")
+def nvrtc117():
+    """Path of libnvrtc from the nvidia-cuda-nvrtc-cu11==11.7.99 wheel."""
+    explicit = os.environ.get("PTXBACKEND_TEST_NVRTC")
+    if explicit and os.path.exists(explicit):
+        return explicit
+    for entry in sys.path:
+        lib = os.path.join(entry, "nvidia", "cuda_nvrtc", "lib")
+        if os.path.isdir(lib):
+            for name in sorted(os.listdir(lib)):
+                if name.startswith("libnvrtc.so") and "builtins" not in name:
+                    return os.path.join(lib, name)
+    _missing("NVRTC 11.7 (pip install nvidia-cuda-nvrtc-cu11==11.7.99, or set PTXBACKEND_TEST_NVRTC)")
+
+
+@pytest.fixture
+def logging_nvcc(tmp_path, nvcc13):
+    """An nvcc that appends each invocation to a log before running the real one.
+
+    Returns ``(wrapper_path, log_path)``; count lines to count compiler processes.
+    """
+    log = tmp_path / "nvcc-calls.log"
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text('#!/bin/sh\necho "$*" >> "%s"\nexec "%s" "$@"\n' % (log, nvcc13))
+    wrapper.chmod(0o755)
+    return str(wrapper), log
+
+
+def count_calls(log, word=None):
+    """Number of logged compiler invocations (optionally only those containing ``word``)."""
+    if not os.path.exists(str(log)):
+        return 0
+    with open(str(log)) as handle:
+        return sum(1 for line in handle if word is None or word in line)
+
+
+def gpu_available():
+    from ptxbackend import driver
+    return driver.available()
+
+
+requires_gpu = pytest.mark.skipif("not __import__('conftest').gpu_available()",
+                                  reason="needs an NVIDIA GPU and driver")
+
+
+def run_python(code, env=None, cwd=None):
+    """Run ``code`` in a fresh interpreter with this checkout importable; return stdout."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = REPO + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-c", code], env=full_env, cwd=cwd or tempfile.gettempdir(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if proc.returncode != 0:
+        raise AssertionError("subprocess failed (%d):\n%s\n%s" % (proc.returncode, proc.stdout.decode(),
+                                                                  proc.stderr.decode()))
+    return proc.stdout.decode()

@@ -1,0 +1,142 @@
+"""The entry format, the request key and the directory store."""
+
+import os
+import stat
+
+import pytest
+
+from ptxbackend.cache import DirectoryStore, entry, header_fingerprint, include_dirs, keys, request_key
+from ptxbackend.errors import CacheError
+from ptxbackend.targets import parse_target
+
+
+def test_entry_round_trip():
+    blob = entry.encode(b"payload", {"key": "k", "kind": "ptx"})
+    assert blob[:4] == b"PTXB"
+    assert entry.decode(blob, "k", "ptx") == (b"payload", {"key": "k", "kind": "ptx"})
+
+
+@pytest.mark.parametrize("damage", ["truncate", "extend", "flip", "magic", "schema", "empty"])
+def test_entry_damage_is_detected(damage):
+    blob = bytearray(entry.encode(b"x" * 100, {"key": "k", "kind": "ptx"}))
+    if damage == "truncate":
+        blob = blob[:-1]
+    elif damage == "extend":
+        blob += b"\0"
+    elif damage == "flip":
+        blob[-5] ^= 0x10
+    elif damage == "magic":
+        blob[0:4] = b"XXXX"
+    elif damage == "schema":
+        blob[4] = 99
+    else:
+        blob = bytearray()
+    with pytest.raises(entry.CorruptEntry):
+        entry.decode(bytes(blob), "k", "ptx")
+
+
+def test_entry_for_another_key_is_rejected():
+    blob = entry.encode(b"p", {"key": "other", "kind": "ptx"})
+    with pytest.raises(entry.CorruptEntry):
+        entry.decode(blob, "k", "ptx")
+
+
+def test_request_key_depends_on_each_part():
+    base = request_key("src", ("-DX=1",), parse_target("compute_75"), "")
+    assert base == request_key(u"src", ["-DX=1"], parse_target("compute_75"), "")
+    others = {
+        request_key("src2", ("-DX=1",), parse_target("compute_75"), ""),
+        request_key("src", ("-DX=2",), parse_target("compute_75"), ""),
+        request_key("src", ("-DX=1",), parse_target("compute_80"), ""),
+        request_key("src", ("-DX=1",), parse_target("sm_75"), ""),
+        request_key("src", ("-DX=1",), parse_target("compute_75"), "h"),
+    }
+    assert base not in others and len(others) == 5
+
+
+def test_include_dirs_forms(tmp_path):
+    a, b, c = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")
+    assert include_dirs(["-I" + a, "-I", b, "--include-path=" + c, "-DX"]) == [a, b, c]
+
+
+def test_header_fingerprint_follows_content_not_time(tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    header = inc / "h.cuh"
+    header.write_text("#define A 1\n")
+    memo = str(tmp_path / "memo")
+    first = header_fingerprint([str(inc)], memo)
+    keys.forget_fingerprints()
+    os.utime(str(header), (1, 1))
+    assert header_fingerprint([str(inc)], memo) == first  # same content, other mtime
+    keys.forget_fingerprints()
+    header.write_text("#define A 2\n")
+    assert header_fingerprint([str(inc)], memo) != first
+
+
+def test_store_write_read_and_private_modes(tmp_path):
+    store = DirectoryStore(str(tmp_path / "c"))
+    path = store.entry_path("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, "ptx")
+    assert "/v1/nvcc-13.0.88/compute_75/ab/" in path
+    store.write(path, b"ptx text", {"key": "ab" + "0" * 62, "kind": "ptx"})
+    assert store.read(path, "ab" + "0" * 62, "ptx")[0] == b"ptx text"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(store.base).st_mode) == 0o700
+    assert [p for p, _s, _m in store.entries()] == [path]
+    assert not [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp")]
+
+
+def test_store_discards_corrupt_and_planted_entries(tmp_path):
+    store = DirectoryStore(str(tmp_path / "c"))
+    key = "cd" + "1" * 62
+    path = store.entry_path("p-1", parse_target("sm_90"), key, "cubin")
+    store.write(path, b"\x7fELF...", {"key": key, "kind": "cubin"})
+    with open(path, "r+b") as handle:
+        handle.seek(-2, os.SEEK_END)
+        handle.write(b"!!")
+    assert store.read(path, key, "cubin") is None
+    assert not os.path.exists(path)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not yours")
+    os.symlink(str(secret), path)
+    assert store.read(path, key, "cubin") is None
+    assert not os.path.lexists(path) and secret.read_bytes() == b"not yours"
+    os.makedirs(path)
+    assert store.read(path, key, "cubin") is None
+    assert not os.path.exists(path)
+
+
+def test_store_refuses_world_writable_dir(tmp_path):
+    root = tmp_path / "c"
+    DirectoryStore(str(root))
+    os.chmod(str(root / "v1"), 0o777)
+    with pytest.raises(CacheError) as info:
+        DirectoryStore(str(root))
+    assert "chmod 700" in str(info.value)
+
+
+def test_prune_removes_least_recently_used(tmp_path):
+    store = DirectoryStore(str(tmp_path / "c"), max_size=None)
+    paths = []
+    for i in range(10):
+        key = "%02x" % i + "0" * 62
+        path = store.entry_path("p-1", parse_target("compute_75"), key, "ptx")
+        store.write(path, b"x" * 1000, {"key": key, "kind": "ptx"})
+        os.utime(path, (1000 + i, 1000 + i))
+        paths.append(path)
+    one = os.path.getsize(paths[0])
+    removed, freed = store.prune(5 * one)
+    assert removed == 6 and freed == 6 * one  # down to 80% of the limit: four newest stay
+    assert [os.path.exists(p) for p in paths] == [False] * 6 + [True] * 4
+
+
+def test_verify_reports_bad_entries(tmp_path):
+    store = DirectoryStore(str(tmp_path / "c"))
+    key = "ee" + "2" * 62
+    path = store.entry_path("p-1", parse_target("compute_75"), key, "ptx")
+    store.write(path, b"ok", {"key": key, "kind": "ptx"})
+    assert store.verify() == (1, [])
+    with open(path, "ab") as handle:
+        handle.write(b"junk")
+    good, bad = store.verify(repair=True)
+    assert good == 0 and len(bad) == 1 and not os.path.exists(path)

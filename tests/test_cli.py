@@ -1,0 +1,102 @@
+"""The command line, run as users run it: a separate process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, SAXPY
+
+
+def cli(*args, **kwargs):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    env.update(kwargs.pop("env", {}))
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend"] + list(args), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_compile_reports_target_kind_path_and_hit(nvcc13, tmp_path):
+    source = tmp_path / "k.cu"
+    source.write_text(SAXPY)
+    out_file = tmp_path / "k.ptx"
+    code, out, err = cli("compile", str(source), "--target", "compute_75", "-o", str(out_file), "--", "-DX=1")
+    assert code == 0, err
+    assert "compute_75" in out and "ptx" in out and "miss" in out
+    assert out_file.read_bytes().startswith(b"//")
+    code, out, _ = cli("compile", str(source), "--target", "compute_75", "--", "-DX=1")
+    assert code == 0 and "hit" in out
+
+
+def test_compile_error_is_one_clear_message(nvcc13, tmp_path):
+    source = tmp_path / "bad.cu"
+    source.write_text("__global__ void k() { nope }")
+    code, out, err = cli("compile", str(source), "--device-cc", "7.5")
+    assert code == 1
+    assert "ptxbackend: error: nvcc" in err and "bad.cu" in err and "Traceback" not in err
+
+
+def test_unknown_target_is_reported(tmp_path):
+    source = tmp_path / "k.cu"
+    source.write_text(SAXPY)
+    code, _, err = cli("compile", str(source), "--target", "sm_9x")
+    assert code == 1 and "unknown target" in err
+
+
+def test_doctor_json_without_gpu(nvcc13):
+    code, out, err = cli("doctor", "--json", env={"PTXBACKEND_DEVICE_CC": "9.0"})
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["compilers"]["nvcc"]["version"].startswith("13.")
+    assert report["devices"][0]["auto"]["nvcc"]["target"] == "sm_90"
+    assert report["settings"]["device_cc"]["from"] == "PTXBACKEND_DEVICE_CC"
+    assert "driver_jit_cache" in report
+
+
+def test_doctor_text_shows_old_compilers_choice(nvcc112, nvrtc117):
+    code, out, err = cli("doctor", env={"PTXBACKEND_DEVICE_CC": "9.0", "PTXBACKEND_NVCC": nvcc112,
+                                        "PTXBACKEND_NVRTC": nvrtc117})
+    assert code == 0, err
+    assert "nvcc -> compute_86 (ptx)" in out and "nvrtc -> compute_87 (ptx)" in out
+
+
+def test_doctor_warns_about_disabled_jit_cache():
+    code, out, _ = cli("doctor", env={"CUDA_CACHE_DISABLE": "1", "PTXBACKEND_DEVICE_CC": "7.5"})
+    assert code == 0 and "CUDA_CACHE_DISABLE=1" in out and "WARNING" in out
+
+
+def test_cache_commands(nvcc13, tmp_path):
+    source = tmp_path / "k.cu"
+    source.write_text(SAXPY)
+    assert cli("compile", str(source), "--target", "compute_75")[0] == 0
+    code, out, _ = cli("cache", "info")
+    assert code == 0 and "entries:   1" in out and "nvcc-13." in out
+    code, out, _ = cli("cache", "list")
+    assert "compute_75" in out
+    assert cli("cache", "verify")[1].strip().endswith("1 entries verified, 0 bad")
+    entry_path = [line.split()[-1] for line in out.splitlines()][0]
+    with open(os.path.join(os.environ["PTXBACKEND_CACHE_DIR"], entry_path), "ab") as handle:
+        handle.write(b"junk")
+    code, out, _ = cli("cache", "verify")
+    assert code == 1 and "BAD" in out
+    assert cli("cache", "verify", "--repair")[0] == 0
+    assert cli("cache", "prune", "--max-size", "0")[0] == 0
+    code, out, _ = cli("cache", "clear")
+    assert code == 0 and "entries:   0" in cli("cache", "info")[1]
+
+
+def test_demo_without_gpu_builds_for_turing(nvcc13):
+    from conftest import gpu_available
+    if gpu_available():
+        pytest.skip("a GPU is here: the demo runs on it (tests/test_gpu.py checks that)")
+    code, out, err = cli("demo")
+    assert code == 0, err
+    assert "compute capability 7.5" in out and "sm_75" in out
+
+
+def test_demo_for_pascal_with_old_toolkit_says_what_runs_where(nvcc112):
+    code, out, err = cli("demo", "--device-cc", "9.0", env={"PTXBACKEND_NVCC": nvcc112})
+    assert code == 0, err
+    assert "compute_86" in out and "JIT" in out

@@ -1,0 +1,169 @@
+"""compile() end to end with real compilers: target choice, cache identity, no subprocess on a hit."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import ptxbackend
+from ptxbackend.errors import CompileError, CompilerNotFoundError, TargetError
+from conftest import SAXPY, count_calls, run_python
+
+
+def test_nvcc13_builds_native_cubin_for_h200(nvcc13):
+    art = ptxbackend.compile(SAXPY, compiler="nvcc", device_cc="9.0")
+    assert (art.kind, str(art.target)) == ("cubin", "sm_90")
+    assert art.image[:4] == b"\x7fELF" and not art.cache_hit
+    assert "/v1/nvcc-13." in art.path and "/sm_90/" in art.path and art.path.endswith(".cubin")
+    again = ptxbackend.compile(SAXPY, compiler="nvcc", device_cc="9.0")
+    assert again.cache_hit and again.image == art.image and again.path == art.path
+
+
+def test_nvcc13_blackwell_gets_cubin_and_pascal_gets_clear_error(nvcc13):
+    assert ptxbackend.compile(SAXPY, device_cc="12.0").kind == "cubin"
+    with pytest.raises(TargetError) as info:
+        ptxbackend.compile(SAXPY, device_cc="6.1")
+    assert "6.1" in str(info.value) and "toolkit" in str(info.value)
+
+
+@pytest.mark.toolkit
+def test_nvcc112_on_h200_emits_compute_86_ptx(nvcc112, monkeypatch):
+    monkeypatch.setenv("PTXBACKEND_NVCC", nvcc112)
+    art = ptxbackend.compile(SAXPY, device_cc="9.0")
+    assert (art.kind, str(art.target), art.producer) == ("ptx", "compute_86", "nvcc-11.2.152")
+    assert b".target sm_86" in art.image and b".entry saxpy" in art.image
+    assert "/v1/nvcc-11.2.152/compute_86/" in art.path
+    native = ptxbackend.compile(SAXPY, device_cc="8.6")
+    assert (native.kind, str(native.target)) == ("cubin", "sm_86")
+
+
+@pytest.mark.toolkit
+def test_nvcc112_fatbin_for_a_mixed_fleet(nvcc112, monkeypatch):
+    monkeypatch.setenv("PTXBACKEND_NVCC", nvcc112)
+    art = ptxbackend.compile(SAXPY, target="sm_61,compute_61")
+    assert art.kind == "fatbin" and art.path.endswith(".fatbin")
+    assert art.image[:4] == b"\x50\xed\x55\xba"  # fatbin magic
+
+
+@pytest.mark.toolkit
+def test_nvcc112_refuses_sm_90_with_the_users_message(nvcc112):
+    from ptxbackend.compilers.nvcc import nvcc_compiler
+    from ptxbackend.targets import parse_target
+    with pytest.raises(CompileError) as info:
+        nvcc_compiler(nvcc112).compile(SAXPY, (), parse_target("sm_90"))
+    err = info.value
+    assert "Value 'sm_90' is not defined for option 'gpu-architecture'" in err.log
+    assert err.returncode != 0 and err.command[0].endswith("nvcc112")
+    assert "PTXBACKEND_TARGET=auto" in err.hint and "compute_86" in err.hint
+
+
+@pytest.mark.toolkit
+def test_nvrtc117_on_h200_emits_compute_87_ptx(nvrtc117, monkeypatch):
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc117)
+    art = ptxbackend.compile(SAXPY, compiler="nvrtc", device_cc="9.0")
+    assert (art.kind, str(art.target), art.producer) == ("ptx", "compute_87", "nvrtc-11.7")
+    assert b".target sm_87" in art.image
+
+
+@pytest.mark.toolkit
+def test_each_producer_target_and_option_selects_its_own_entry(nvcc13, nvcc112, monkeypatch):
+    paths = set()
+    paths.add(ptxbackend.compile(SAXPY, target="compute_75").path)
+    monkeypatch.setenv("PTXBACKEND_NVCC", nvcc112)
+    paths.add(ptxbackend.compile(SAXPY, target="compute_75").path)
+    paths.add(ptxbackend.compile(SAXPY, target="compute_80").path)
+    paths.add(ptxbackend.compile(SAXPY, ["-DUNUSED=1"], target="compute_80").path)
+    assert len(paths) == 4
+
+
+def test_header_content_change_selects_another_entry(nvcc13, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "scale.cuh").write_text("#define SCALE 2.0f\n")
+    src = '#include "scale.cuh"\nextern "C" __global__ void k(float* y){ y[0] = SCALE; }\n'
+    code = ("import ptxbackend, sys; a = ptxbackend.compile(%r, ['-I%s'], target='compute_75');"
+            "print(a.key, a.cache_hit)" % (src, inc))
+    first = run_python(code).split()
+    assert run_python(code).split() == [first[0], "True"]
+    (inc / "scale.cuh").write_text("#define SCALE 3.0f\n")
+    second = run_python(code).split()
+    assert second[0] != first[0] and second[1] == "False"
+
+
+def test_warm_hit_runs_no_compiler_process(logging_nvcc):
+    wrapper, log = logging_nvcc
+    code = ("import ptxbackend; a = ptxbackend.compile(%r, target='compute_75');"
+            "print(a.cache_hit)" % SAXPY)
+    env = {"PTXBACKEND_NVCC": wrapper}
+    assert run_python(code, env).strip() == "False"
+    calls_after_cold = count_calls(log)
+    assert count_calls(log, "--ptx") == 1 and calls_after_cold >= 2  # the probe, then the compile
+    assert run_python(code, env).strip() == "True"
+    assert count_calls(log) == calls_after_cold  # a fresh process: no nvcc at all
+
+
+def test_eight_processes_missing_one_key_compile_it_once(logging_nvcc, tmp_path):
+    wrapper, log = logging_nvcc
+    env = dict(os.environ, PTXBACKEND_NVCC=wrapper,
+               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = ("import ptxbackend; a = ptxbackend.compile(%r, target='compute_80');"
+            "print(len(a.image))" % SAXPY)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+             for _ in range(8)]
+    outputs = [p.communicate()[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len(set(outputs)) == 1
+    assert count_calls(log, "--ptx") == 1
+
+
+def test_damaged_entry_is_rebuilt(logging_nvcc, monkeypatch):
+    wrapper, log = logging_nvcc
+    monkeypatch.setenv("PTXBACKEND_NVCC", wrapper)
+    art = ptxbackend.compile(SAXPY, target="compute_75")
+    for damage in ("truncate", "flip"):
+        with open(art.path, "r+b") as handle:
+            if damage == "truncate":
+                handle.truncate(os.path.getsize(art.path) // 2)
+            else:
+                handle.seek(-10, os.SEEK_END)
+                byte = handle.read(1)
+                handle.seek(-10, os.SEEK_END)
+                handle.write(bytes([byte[0] ^ 0x01]))
+        again = ptxbackend.compile(SAXPY, target="compute_75")
+        assert not again.cache_hit and again.image == art.image
+    assert count_calls(log, "--ptx") == 3
+    assert ptxbackend.compile(SAXPY, target="compute_75").cache_hit
+
+
+def test_failed_compile_leaves_nothing_behind(nvcc13, tmp_path):
+    with pytest.raises(CompileError) as info:
+        ptxbackend.compile('extern "C" __global__ void k() { this is not cuda; }', target="compute_75")
+    assert "error" in info.value.log and info.value.returncode != 0
+    cache = tmp_path / "cache"
+    leftovers = [os.path.join(b, f) for b, _d, fs in os.walk(str(cache)) for f in fs
+                 if f.endswith((".ptx", ".cubin", ".fatbin")) or f.startswith(".tmp")]
+    assert leftovers == []
+    assert ptxbackend.compile(SAXPY, target="compute_75").kind == "ptx"  # the next call works
+
+
+def test_missing_compiler_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setenv("PTXBACKEND_NVCC", str(tmp_path / "no-such-nvcc"))
+    with pytest.raises(CompilerNotFoundError) as info:
+        ptxbackend.compile(SAXPY, compiler="nvcc", target="compute_75")
+    assert "no-such-nvcc" in str(info.value)
+
+
+def test_cache_alone_serves_a_machine_without_compiler(nvcc13, monkeypatch, tmp_path):
+    built = ptxbackend.compile(SAXPY, device_cc="7.5")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setenv("PTXBACKEND_NVRTC", str(tmp_path / "none"))
+    from ptxbackend import engine
+    engine._reset_for_tests()
+    hit = ptxbackend.compile(SAXPY, device_cc="7.5")
+    assert hit.cache_hit and hit.image == built.image and "no compiler" in hit.reason
+    with pytest.raises(CompilerNotFoundError) as info:
+        ptxbackend.compile(SAXPY + "// another kernel", device_cc="7.5")
+    assert "no entry for this kernel" in str(info.value)
