@@ -15,7 +15,34 @@ from .errors import (CacheError, CompileError, CompilerNotFoundError, DriverErro
                      PtxBackendError, TargetError)
 from .engine import Artifact, compile, load  # noqa: E402
 
+
+def install():
+    """Route CuPy's kernel compiles through ptxbackend in this process.
+
+    The start-up hook does this for every interpreter; call it yourself when the
+    hook is not installed (or in a process started with ``python -S``).  CuPy
+    modules already imported are switched now, later imports when they load.
+    Returns whether a CuPy compile function is now replaced.
+    """
+    import _ptxbackend_boot
+    from . import cupy_integration
+    _ptxbackend_boot.start()
+    return cupy_integration.install()
+
+
+def uninstall():
+    """Give CuPy its original compile functions back (the exact objects)."""
+    from . import cupy_integration
+    cupy_integration.uninstall()
+
+
+def installed():
+    """Whether CuPy's compile functions are currently replaced by ptxbackend."""
+    from . import cupy_integration
+    return cupy_integration.installed()
+
+
 __all__ = [
-    "__version__", "Artifact", "compile", "load",
+    "__version__", "Artifact", "compile", "load", "install", "uninstall", "installed",
     "PtxBackendError", "CompileError", "CompilerNotFoundError", "TargetError", "CacheError", "DriverError",
 ]

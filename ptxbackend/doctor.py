@@ -41,6 +41,47 @@ def _jit_cache_report(warnings):
     return {"variables": env, "path": path, "writable": writable}
 
 
+def _site_dirs():
+    import site
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    user = getattr(site, "getusersitepackages", lambda: None)()
+    if user:
+        dirs.append(user)
+    dirs.extend(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    unique = []
+    for directory in dirs:
+        if directory not in unique:
+            unique.append(directory)
+    return unique
+
+
+def _hook_report(warnings):
+    """Where the .pth hook is installed, whether it is active here, and what it did to CuPy."""
+    files = [os.path.join(d, "ptxbackend.pth") for d in _site_dirs()
+             if os.path.isfile(os.path.join(d, "ptxbackend.pth"))]
+    try:
+        import _ptxbackend_boot
+        active, disabled = _ptxbackend_boot.active(), _ptxbackend_boot.disabled()
+    except ImportError:
+        active, disabled = False, False
+    report = {"pth_files": files, "active": active, "disabled": disabled}
+    if not files:
+        warnings.append("ptxbackend.pth is not in any site-packages directory: CuPy is not switched at "
+                        "start-up. Reinstall with `pip install ptxbackend`, or call ptxbackend.install().")
+    elif not active and not disabled and sys.flags.no_site:
+        warnings.append("this interpreter runs with -S, so the start-up hook did not run.")
+    try:
+        import cupy  # noqa: F401  (doctor is explicit: importing CuPy here is what the user asked for)
+    except Exception as exc:  # CuPy missing or broken: report, never fail
+        report["cupy_import_error"] = "%s: %s" % (type(exc).__name__, exc)
+    try:
+        from . import cupy_integration
+        report["cupy"] = cupy_integration.status()
+    except Exception as exc:
+        report["cupy"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    return report
+
+
 def collect():
     """Gather the report as a JSON-able dict."""
     warnings = []
@@ -95,7 +136,7 @@ def collect():
     if all("error" in info for info in compilers.values()):
         warnings.append("no compiler found: only kernels already in the cache can be loaded. Install a CUDA "
                         "toolkit or `pip install nvidia-cuda-nvrtc-cu12`, or set PTXBACKEND_NVCC.")
-    report.update(compilers=compilers, driver=drv, devices=devices,
+    report.update(compilers=compilers, driver=drv, devices=devices, hook=_hook_report(warnings),
                   driver_jit_cache=_jit_cache_report(warnings), warnings=warnings)
     return report
 
@@ -130,6 +171,21 @@ def render(report):
                 lines.append("  %s -> no target: %s" % (kind, choice["error"]))
             else:
                 lines.append("  %s -> %s (%s): %s" % (kind, choice["target"], choice["kind"], choice["why"]))
+    hook = report.get("hook")
+    if hook:
+        where = ", ".join(hook["pth_files"]) or "not installed"
+        state = "disabled (PTXBACKEND_DISABLE)" if hook["disabled"] else (
+            "active" if hook["active"] else "not active in this interpreter")
+        lines.append("start-up hook: %s; %s" % (where, state))
+        cupy = hook.get("cupy", {})
+        if hook.get("cupy_import_error"):
+            lines.append("cupy: not importable (%s)" % hook["cupy_import_error"])
+        elif cupy.get("error"):
+            lines.append("cupy: %s" % cupy["error"])
+        elif cupy.get("cupy_version"):
+            lines.append("cupy: %s (%s API), compiler %s; replaced: %s" % (
+                cupy["cupy_version"], cupy.get("generation"), cupy.get("compiler"),
+                ", ".join(cupy.get("replaced") or []) or "nothing"))
     jit = report.get("driver_jit_cache")
     if jit:
         shown = ", ".join("%s=%s" % item for item in sorted(jit["variables"].items()) if item[1]) or "defaults"

@@ -1,0 +1,136 @@
+"""The start-up hook, installed from a real wheel into a real virtual environment."""
+
+import glob
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from conftest import REPO
+
+HOOK_STATE = ("import sys, os; print(any(getattr(f, 'ptxbackend_watcher', False) for f in sys.meta_path), "
+              "os.environ.get('CUDA_CACHE_MAXSIZE'))")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("wheel"))
+    subprocess.check_call([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                           "-w", out, REPO], stdout=subprocess.DEVNULL)
+    return glob.glob(os.path.join(out, "ptxbackend-*.whl"))[0]
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory, wheel):
+    """A fresh venv with only ptxbackend's wheel (and its two dependencies from this environment)."""
+    root = str(tmp_path_factory.mktemp("venv"))
+    subprocess.check_call([sys.executable, "-m", "venv", "--without-pip", root])
+    python = os.path.join(root, "bin", "python")
+    site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   universal_newlines=True).strip()
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)  # what pip does for a pure wheel: its root goes to purelib
+    import filelock
+    import platformdirs
+    for module in (filelock, platformdirs):
+        src = os.path.dirname(module.__file__)
+        subprocess.check_call(["cp", "-r", src, site])
+    return python, site
+
+
+def run(python, *args, **env_changes):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PTXBACKEND_", "CUDA_CACHE", "PYTHONPATH"))}
+    env.update(env_changes)
+    return subprocess.run([python] + list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, cwd="/")
+
+
+def test_wheel_puts_the_hook_in_site_packages(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {"ptxbackend.pth", "ptxbackend.start", "_ptxbackend_boot.py"} <= set(names)
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("ptxbackend.start").decode().strip() == "_ptxbackend_boot:start"
+        line = archive.read("ptxbackend.pth").decode()
+    assert line.startswith("import ") and line.count("\n") == 1
+
+
+def test_hook_is_active_and_sizes_the_jit_cache(venv):
+    python, _ = venv
+    proc = run(python, "-c", HOOK_STATE)
+    assert (proc.returncode, proc.stdout.split(), proc.stderr) == (0, ["True", "4294967296"], "")
+
+
+def test_hook_respects_the_users_jit_cache_size_and_our_knob(venv):
+    python, _ = venv
+    assert run(python, "-c", HOOK_STATE, CUDA_CACHE_MAXSIZE="123").stdout.split() == ["True", "123"]
+    assert run(python, "-c", HOOK_STATE, PTXBACKEND_JIT_CACHE_MAXSIZE="1G").stdout.split() == ["True", "1073741824"]
+    assert run(python, "-c", HOOK_STATE, PTXBACKEND_JIT_CACHE_MAXSIZE="0").stdout.split() == ["True", "None"]
+
+
+def test_disable_leaves_everything_alone(venv):
+    python, _ = venv
+    proc = run(python, "-c", HOOK_STATE, PTXBACKEND_DISABLE="1")
+    assert (proc.stdout.split(), proc.stderr) == (["False", "None"], "")
+
+
+def test_python_S_runs_no_hook_and_I_does(venv):
+    python, _ = venv
+    assert run(python, "-S", "-c", HOOK_STATE).stdout.split() == ["False", "None"]
+    assert run(python, "-I", "-c", HOOK_STATE).stdout.split()[0] == "True"
+
+
+def test_hook_imports_nothing_but_itself(venv):
+    python, _ = venv
+    code = "import sys; print(' '.join(sorted(sys.modules)))"
+    with_hook = set(run(python, "-c", code).stdout.split())
+    without = set(run(python, "-c", code, PTXBACKEND_DISABLE="1").stdout.split())
+    assert with_hook - without == set()  # the module is imported in both; start() imports nothing more
+    assert "_ptxbackend_boot" in with_hook and "ptxbackend" not in with_hook and "ctypes" not in with_hook
+
+
+@pytest.mark.parametrize("value", ["", "garbage", "-5", "9999999999999G", "\u00e9"])
+def test_garbage_jit_cache_size_costs_one_line(venv, value):
+    python, _ = venv
+    proc = run(python, "-c", "pass", PTXBACKEND_JIT_CACHE_MAXSIZE=value)
+    assert proc.returncode == 0 and len(proc.stderr.splitlines()) <= 1
+
+
+def test_broken_cupy_does_not_break_python(venv, tmp_path):
+    python, _ = venv
+    fake = tmp_path / "broken" / "cupy" / "cuda"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("from cupy import cuda\n")
+    (fake / "__init__.py").write_text("raise RuntimeError('CUDA driver library not found')\n")
+    assert run(python, "-c", "pass", PYTHONPATH=str(tmp_path / "broken")).returncode == 0
+    proc = run(python, "-c", "import cupy", PYTHONPATH=str(tmp_path / "broken"))
+    assert proc.returncode == 1 and "CUDA driver library not found" in proc.stderr  # CuPy's own error
+
+
+def test_half_uninstalled_package_is_silent(venv, tmp_path):
+    python, site = venv
+    for name in ("_ptxbackend_boot.py",):
+        os.rename(os.path.join(site, name), os.path.join(str(tmp_path), name))
+    try:
+        proc = run(python, "-c", "pass")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    finally:
+        os.rename(os.path.join(str(tmp_path), "_ptxbackend_boot.py"), os.path.join(site, "_ptxbackend_boot.py"))
+
+
+def test_boot_module_without_package_reports_once_on_cupy_import(venv, tmp_path):
+    python, site = venv
+    os.rename(os.path.join(site, "ptxbackend"), os.path.join(str(tmp_path), "ptxbackend"))
+    fake = tmp_path / "fakecupy" / "cupy" / "cuda"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("from cupy.cuda import compiler\n")
+    (fake / "__init__.py").write_text("from cupy.cuda import compiler\n")
+    (fake / "compiler.py").write_text("def compile_with_cache(*a, **k):\n    return 'stock'\n")
+    try:
+        proc = run(python, "-c", "import cupy.cuda.compiler as c; print(c.compile_with_cache())",
+                   PYTHONPATH=str(tmp_path / "fakecupy"))
+        assert proc.returncode == 0 and proc.stdout.strip() == "stock"
+        assert len(proc.stderr.splitlines()) == 1 and "ptxbackend" in proc.stderr
+    finally:
+        os.rename(os.path.join(str(tmp_path), "ptxbackend"), os.path.join(site, "ptxbackend"))
