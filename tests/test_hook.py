@@ -44,7 +44,7 @@ def run(python, *args, **env_changes):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PTXBACKEND_", "CUDA_CACHE", "PYTHONPATH"))}
     env.update(env_changes)
     return subprocess.run([python] + list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, cwd="/")
+                          encoding="utf-8", errors="replace", cwd="/")
 
 
 def test_wheel_puts_the_hook_in_site_packages(wheel):
