@@ -69,7 +69,60 @@ def _cmd_cache(args):
     elif args.action == "clear":
         store.clear()
         print("cleared %s" % store.root)
+    elif args.action in ("export", "import"):
+        from .cache import bundle
+        if not args.file:
+            print("ptxbackend: error: cache %s needs a FILE" % args.action, file=sys.stderr)
+            return 2
+        if args.action == "export":
+            count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit)
+            print("exported %d entries from %s to %s (%d bytes)" % (count, store.root, args.file,
+                                                                   os.path.getsize(args.file)))
+        else:
+            added, present = bundle.import_bundle(store, args.file)
+            print("imported %s into %s: %d entries added, %d already present (all checksums verified)"
+                  % (args.file, store.root, added, present))
     return 0
+
+
+def _cmd_warm(args):
+    if not args.manifest and not args.libs:
+        print("ptxbackend: error: warm needs a MANIFEST (recorded with PTXBACKEND_RECORD=FILE) and/or "
+              "--libs", file=sys.stderr)
+        return 2
+    status = 0
+    if args.manifest:
+        from .warm import replay
+        _compiled, _hits, failures = replay(args.manifest, device_cc=args.device_cc)
+        status = 1 if failures else 0
+    if args.libs:
+        from .libwarm import warm_library
+        from .warm import Progress, save_library_results
+        names = [n for n in args.libs.split(",") if n.strip()]
+        progress = Progress(len(names), "warm libraries")
+        results = []
+        for name in names:
+            try:
+                result = warm_library(name.strip())
+            except (OSError, RuntimeError) as exc:
+                print("  %s: FAILED: %s" % (name, exc))
+                status = 1
+                progress.step(name)
+                continue
+            results.append(result)
+            progress.step(name)
+            print("  %s: first process %.2f s (JIT), second process %.3f s; driver JIT cache grew %.1f MiB "
+                  "(CUDA_CACHE_MAXSIZE=%s)" % (
+                      result["library"], result["first"]["total_s"], result["second"]["total_s"],
+                      result["jit_cache_growth_bytes"] / 1048576.0, result["cuda_cache_maxsize"]))
+            if result["second"]["total_s"] > 0.5 * max(result["first"]["total_s"], 1e-9) \
+                    and result["first"]["total_s"] > 1.0:
+                print("  WARNING: the second process was not fast: the driver JIT cache did not keep the "
+                      "result. Check CUDA_CACHE_DISABLE, CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE "
+                      "(ptxbackend doctor).")
+                status = 1
+        save_library_results(results)
+    return status
 
 
 def _cmd_demo(args):
@@ -102,11 +155,20 @@ def build_parser():
     comp.set_defaults(func=_cmd_compile)
 
     cache = sub.add_parser("cache", help="inspect or maintain the cache")
-    cache.add_argument("action", choices=("info", "list", "verify", "prune", "clear"))
+    cache.add_argument("action", choices=("info", "list", "verify", "prune", "clear", "export", "import"))
+    cache.add_argument("file", nargs="?", help="export/import: the bundle (a tar file)")
+    cache.add_argument("--no-jit", action="store_true",
+                       help="export: leave out the per-GPU JIT cubins (keep only compiler output)")
     cache.add_argument("--cache-dir", help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
     cache.add_argument("--max-size", help="prune: size limit, e.g. 500M (default PTXBACKEND_CACHE_MAX_SIZE)")
     cache.set_defaults(func=_cmd_cache)
+
+    warm = sub.add_parser("warm", help="at deployment: compile and JIT recorded kernels, pre-JIT CUDA libraries")
+    warm.add_argument("manifest", nargs="?", help="kernel manifest written with PTXBACKEND_RECORD=FILE")
+    warm.add_argument("--libs", help="comma list of libraries to pre-JIT: cudnn, cublas, curand or paths")
+    warm.add_argument("--device-cc", help="compile for another GPU (no JIT step), e.g. 7.5")
+    warm.set_defaults(func=_cmd_warm)
 
     demo = sub.add_parser("demo", help="compile the example kernel; on a GPU, run it and check the result")
     add_build_options(demo)

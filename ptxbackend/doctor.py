@@ -31,6 +31,16 @@ def _jit_cache_report(warnings):
                                 "Set CUDA_CACHE_MAXSIZE=4294967296." % env["CUDA_CACHE_MAXSIZE"])
         except ValueError:
             warnings.append("CUDA_CACHE_MAXSIZE=%r is not a number of bytes." % env["CUDA_CACHE_MAXSIZE"])
+    from .warm import load_library_results
+    needed = sum(int(r.get("jit_cache_growth_bytes", 0)) for r in load_library_results().values())
+    if needed and env["CUDA_CACHE_MAXSIZE"]:
+        try:
+            if int(env["CUDA_CACHE_MAXSIZE"]) < needed:
+                warnings.append("CUDA_CACHE_MAXSIZE=%s is below the %d bytes `ptxbackend warm --libs` measured "
+                                "as needed: libraries will be JIT-compiled again in every process. Set "
+                                "CUDA_CACHE_MAXSIZE=4294967296." % (env["CUDA_CACHE_MAXSIZE"], needed))
+        except ValueError:
+            pass
     probe = path
     while probe and not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -38,7 +48,7 @@ def _jit_cache_report(warnings):
     if not writable:
         warnings.append("the driver JIT cache path %s is not writable: JIT results are lost at exit. "
                         "Set CUDA_CACHE_PATH to a writable directory." % path)
-    return {"variables": env, "path": path, "writable": writable}
+    return {"variables": env, "path": path, "writable": writable, "needed_bytes": needed}
 
 
 def _site_dirs():
@@ -102,10 +112,11 @@ def collect():
     compilers = {}
     for kind in KINDS:
         try:
-            identity = get_compiler(kind, settings.nvcc, settings.nvrtc,
-                                    os.path.join(store.meta_dir, "compilers")).identity
+            compiler = get_compiler(kind, settings.nvcc, settings.nvrtc, os.path.join(store.meta_dir, "compilers"))
+            identity = compiler.identity
             compilers[kind] = {"path": identity.path, "version": identity.version, "range": _range(identity),
-                               "cubin": bool(identity.real_archs), "identity": identity}
+                               "cubin": bool(identity.real_archs), "identity": identity,
+                               "outputs": list(compiler.output_kinds)}
         except PtxBackendError as exc:
             compilers[kind] = {"error": str(exc)}
     devices = []
@@ -128,7 +139,10 @@ def collect():
                 continue
             try:
                 target, reason = choose_target(settings.target, info["identity"], device["cc"])
-                device["auto"][kind] = {"target": str(target), "kind": target.output_kind, "why": reason}
+                if target.output_kind not in info["outputs"]:
+                    raise PtxBackendError("%s cannot build a %s (target %s)" % (kind, target.output_kind, target))
+                device["auto"][kind] = {"target": str(target), "kind": target.output_kind, "why": reason,
+                                        "uses": target.part_for(device["cc"])}
             except PtxBackendError as exc:
                 device["auto"][kind] = {"error": str(exc)}
     for info in compilers.values():
@@ -170,7 +184,11 @@ def render(report):
             if "error" in choice:
                 lines.append("  %s -> no target: %s" % (kind, choice["error"]))
             else:
-                lines.append("  %s -> %s (%s): %s" % (kind, choice["target"], choice["kind"], choice["why"]))
+                uses = ""
+                if choice["kind"] == "fatbin":
+                    uses = "; this GPU uses its %s part%s" % (choice["uses"], " (JIT)" if str(
+                        choice["uses"]).startswith("compute") else "")
+                lines.append("  %s -> %s (%s): %s%s" % (kind, choice["target"], choice["kind"], choice["why"], uses))
     hook = report.get("hook")
     if hook:
         where = ", ".join(hook["pth_files"]) or "not installed"

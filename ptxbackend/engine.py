@@ -16,6 +16,7 @@ from .compilers import get_compiler
 from .config import configure_logging, load_settings
 from .errors import CacheError, CompilerNotFoundError, DriverError, TargetError
 from .targets import choose_target, parse_cc
+from .warm import RECORD_ENV, record_request
 
 log = logging.getLogger("ptxbackend")
 
@@ -139,8 +140,16 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
         name: the file name the compiler reports errors against.
     """
     settings = load_settings(target=target, compiler=compiler, device_cc=device_cc, cache_dir=cache_dir)
-    configure_logging(settings.log)
     options = tuple(str(o) for o in options)
+    artifact = _compile(settings, source, options, compiler, name)
+    if os.environ.get(RECORD_ENV):
+        record_request(artifact.key, source, options, str(settings.target), artifact.producer.split("-")[0],
+                       name)
+    return artifact
+
+
+def _compile(settings, source, options, compiler, name):
+    configure_logging(settings.log)
     store = open_store(settings)
     cc = device_compute_capability(settings)
     headers = header_fingerprint(include_dirs(options), os.path.join(store.meta_dir, "headers"))

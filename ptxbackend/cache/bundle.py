@@ -1,0 +1,157 @@
+"""Portable bundles: move cache entries from a build box to production machines.
+
+A bundle is a tar file holding ``ptxbackend-bundle.json`` (format, schema
+version, and the SHA-256 and size of every file) followed by the files
+themselves, laid out as in the store (``v1/<producer>/<target>/...``).
+
+Import trusts nothing in the archive: only regular files under the schema's
+directory are accepted, every file must match the manifest's checksum and be a
+valid entry, and each one is written atomically, so a damaged bundle adds
+nothing half-written to the cache.
+"""
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import tarfile
+import time
+
+from .. import __version__, _fsutil
+from ..errors import CacheError
+from . import entry as entry_format
+from .keys import SCHEMA_VERSION
+from .store import LAYOUT
+
+MANIFEST = "ptxbackend-bundle.json"
+BUNDLE_FORMAT = 1
+
+
+def _identity_files(store):
+    for producer in store._producers():
+        path = os.path.join(store.base, producer, "identity.json")
+        if os.path.isfile(path) and not os.path.islink(path):
+            yield path
+
+
+def export_bundle(store, destination, include_jit=True):
+    """Write every entry of ``store`` (and the producers' identities) to a tar at ``destination``.
+
+    Returns the number of entries written.
+    """
+    files = []
+    for path, _size, _mtime in store.entries():
+        if not include_jit and os.sep + "jit" + os.sep in path:
+            continue
+        files.append(path)
+    files.extend(_identity_files(store))
+    records = []
+    blobs = []
+    for path in sorted(files):
+        try:
+            data = _fsutil.read_file(path)
+        except OSError:
+            continue
+        if path.endswith(".json"):
+            try:
+                json.loads(data.decode("utf-8"))
+            except ValueError:
+                continue
+        else:
+            try:
+                entry_format.decode(data)
+            except entry_format.CorruptEntry:
+                continue  # a bad entry stays home
+        name = posixpath.join(LAYOUT, *os.path.relpath(path, store.base).split(os.sep))
+        records.append({"name": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)})
+        blobs.append((name, data))
+    manifest = {"format": BUNDLE_FORMAT, "schema": SCHEMA_VERSION, "ptxbackend": __version__,
+                "created": time.time(), "files": records}
+    tmp = destination + ".tmp-%d" % os.getpid()
+    try:
+        with tarfile.open(tmp, "w:gz") as archive:
+            _add(archive, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+            for name, data in blobs:
+                _add(archive, name, data)
+        os.replace(tmp, destination)
+    except BaseException:
+        _fsutil.remove_quietly(tmp)
+        raise
+    return sum(1 for r in records if not r["name"].endswith(".json"))
+
+
+def _add(archive, name, data):
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o600
+    info.mtime = int(time.time())
+    archive.addfile(info, io.BytesIO(data))
+
+
+def _safe_name(name):
+    parts = name.split("/")
+    return (parts[0] == LAYOUT and len(parts) >= 3 and "" not in parts
+            and not any(p in (".", "..") for p in parts) and not name.startswith("/"))
+
+
+def import_bundle(store, source):
+    """Verify and add the bundle at ``source`` to ``store``.
+
+    Returns ``(entries_added, entries_already_present)``.  Raises
+    :class:`CacheError` for a bundle of another schema version, a missing or
+    invalid manifest, or any file whose checksum or format does not verify
+    (then nothing from the bundle is added).
+    """
+    try:
+        archive = tarfile.open(source, "r:*")
+    except (OSError, tarfile.TarError) as exc:
+        raise CacheError("%s is not a ptxbackend bundle (cannot open it as tar: %s)" % (source, exc))
+    with archive:
+        try:
+            member = archive.getmember(MANIFEST)
+            manifest = json.loads(archive.extractfile(member).read().decode("utf-8"))
+        except (KeyError, ValueError, AttributeError) as exc:
+            raise CacheError("%s has no valid %s: not a ptxbackend bundle (%s)" % (source, MANIFEST, exc))
+        if manifest.get("schema") != SCHEMA_VERSION or manifest.get("format") != BUNDLE_FORMAT:
+            raise CacheError(
+                "%s was made with cache schema %s (bundle format %s); this ptxbackend %s reads schema %d. "
+                "Export the bundle again with a matching ptxbackend version on the build box."
+                % (source, manifest.get("schema"), manifest.get("format"), __version__, SCHEMA_VERSION))
+        expected = {r["name"]: r for r in manifest.get("files", [])}
+        verified = []
+        for member in archive.getmembers():
+            if member.name == MANIFEST:
+                continue
+            if not member.isfile() or not _safe_name(member.name) or member.name not in expected:
+                raise CacheError("%s: unexpected member %r (not a regular file listed in the manifest); "
+                                 "nothing was imported" % (source, member.name))
+            data = archive.extractfile(member).read()
+            record = expected.pop(member.name)
+            if hashlib.sha256(data).hexdigest() != record["sha256"] or len(data) != record["size"]:
+                raise CacheError("%s: %s does not match its checksum; the bundle is damaged, nothing was "
+                                 "imported" % (source, member.name))
+            if not member.name.endswith(".json"):
+                try:
+                    entry_format.decode(data)
+                except entry_format.CorruptEntry as exc:
+                    raise CacheError("%s: %s is not a valid entry (%s); nothing was imported"
+                                     % (source, member.name, exc))
+            verified.append((member.name, data))
+        if expected:
+            raise CacheError("%s: %d files listed in the manifest are missing (e.g. %s); nothing was imported"
+                             % (source, len(expected), sorted(expected)[0]))
+    added = present = 0
+    for name, data in verified:
+        path = os.path.join(store.root, *name.split("/"))
+        is_entry = not name.endswith(".json")
+        try:
+            if _fsutil.read_file(path) == data:
+                present += is_entry
+                continue
+        except OSError:
+            pass
+        _fsutil.make_private_dirs(os.path.dirname(path))
+        _fsutil.write_atomic(path, data)
+        added += is_entry
+    return added, present

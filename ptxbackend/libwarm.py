@@ -1,0 +1,144 @@
+"""Pre-JIT CUDA libraries that carry no machine code for this GPU.
+
+An old cuDNN, cuBLAS or cuRAND on a newer GPU only has PTX, which the driver
+JIT-compiles when the library first initialises: tens of seconds, in every
+process whose driver JIT cache misses.  ``ptxbackend warm --libs`` initialises
+each library once in a child process with eager module loading (so *every*
+kernel is JIT-compiled, not only the first one used) and the JIT cache sized,
+then starts a second child to check that the result stuck.
+
+Run as ``python -m ptxbackend.libwarm KIND PATH`` it is that child: it prints
+one JSON line with its timings.
+"""
+
+import ctypes
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+JIT_CACHE_MAX = str(4 << 30)
+_PREFIX = {"curand": "libcurand.so", "cublas": "libcublas.so", "cudnn": "libcudnn.so"}
+
+
+def library_kind(path):
+    base = os.path.basename(path).lower()
+    for kind, prefix in _PREFIX.items():
+        if base.startswith(prefix) or base.startswith("lib" + kind):
+            return kind
+    return None
+
+
+def find_library(name_or_path):
+    """A library path from a path or a short name (cudnn, cublas, curand)."""
+    if os.path.sep in name_or_path or os.path.isfile(name_or_path):
+        if not os.path.isfile(name_or_path):
+            raise OSError("library %s does not exist" % name_or_path)
+        return os.path.abspath(name_or_path)
+    prefix = _PREFIX.get(name_or_path.lower(), "lib%s.so" % name_or_path)
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    for entry in sys.path:
+        dirs.extend(glob.glob(os.path.join(entry, "nvidia", "*", "lib")))
+    for root in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root:
+            dirs.extend([os.path.join(root, "lib64"), os.path.join(root, "targets", "x86_64-linux", "lib")])
+    dirs.extend(["/usr/lib/x86_64-linux-gnu", "/usr/lib64"])
+    for directory in dirs:
+        found = sorted(glob.glob(os.path.join(directory, prefix + "*")))
+        found = [f for f in found if "_static" not in f and not f.endswith(".a")]
+        if found:
+            return found[-1]
+    raise OSError("no %s* found in LD_LIBRARY_PATH, the nvidia-* wheels or the CUDA toolkit; give its path"
+                  % prefix)
+
+
+def _check(status, call):
+    if status != 0:
+        raise RuntimeError("%s returned status %d" % (call, status))
+
+
+def _initialise(kind, lib):
+    """Make the library run its kernels' module load (and so the JIT); return the first call's seconds."""
+    from . import driver
+    handle = ctypes.c_void_p()
+    if kind == "curand":
+        _check(lib.curandCreateGenerator(ctypes.byref(handle), 100), "curandCreateGenerator")
+        n = 1 << 20
+        with driver.DeviceBuffer(n * 4) as out:
+            started = time.perf_counter()
+            _check(lib.curandGenerateNormal(handle, ctypes.c_void_p(out.ptr), ctypes.c_size_t(n),
+                                            ctypes.c_float(0.0), ctypes.c_float(1.0)), "curandGenerateNormal")
+            driver.synchronize()
+            elapsed = time.perf_counter() - started
+        lib.curandDestroyGenerator(handle)
+        return elapsed
+    if kind == "cublas":
+        started = time.perf_counter()
+        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate_v2")
+        elapsed = time.perf_counter() - started
+        lib.cublasDestroy_v2(handle)
+        return elapsed
+    if kind == "cudnn":
+        started = time.perf_counter()
+        _check(lib.cudnnCreate(ctypes.byref(handle)), "cudnnCreate")
+        elapsed = time.perf_counter() - started
+        lib.cudnnDestroy(handle)
+        return elapsed
+    return 0.0
+
+
+def child(kind, path):
+    from . import driver
+    started = time.perf_counter()
+    driver.ensure_context()
+    lib = ctypes.CDLL(path)
+    first_call = _initialise(kind, lib)
+    return {"kind": kind, "path": path, "first_call_s": first_call, "total_s": time.perf_counter() - started}
+
+
+def _jit_cache_dir():
+    return os.environ.get("CUDA_CACHE_PATH") or os.path.join(os.path.expanduser("~"), ".nv", "ComputeCache")
+
+
+def _tree_size(path):
+    total = 0
+    for base, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(base, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _run_child(kind, path, env):
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend.libwarm", kind or "", path], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    if proc.returncode != 0:
+        raise RuntimeError("initialising %s failed:\n%s" % (path, proc.stderr.strip()[-2000:]))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def warm_library(name_or_path):
+    """Initialise a library twice in fresh processes; return the timings and the JIT cache growth."""
+    path = find_library(name_or_path)
+    kind = library_kind(path)
+    env = dict(os.environ)
+    env.setdefault("CUDA_CACHE_MAXSIZE", JIT_CACHE_MAX)
+    env.pop("CUDA_CACHE_DISABLE", None)
+    env["CUDA_MODULE_LOADING"] = "EAGER"  # JIT every kernel now, not only those the first call touches
+    cache_dir = _jit_cache_dir()
+    before = _tree_size(cache_dir)
+    first = _run_child(kind, path, env)
+    grown = _tree_size(cache_dir) - before
+    env.pop("CUDA_MODULE_LOADING")
+    second = _run_child(kind, path, env)
+    return {"library": path, "kind": kind, "first": first, "second": second,
+            "jit_cache_growth_bytes": max(grown, 0), "jit_cache_dir": cache_dir,
+            "cuda_cache_maxsize": env["CUDA_CACHE_MAXSIZE"]}
+
+
+if __name__ == "__main__":
+    print(json.dumps(child(sys.argv[1] or None, sys.argv[2])))
