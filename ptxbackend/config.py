@@ -21,7 +21,10 @@ def parse_size(text):
     match = _SIZE_RE.match(str(text))
     if not match:
         raise ValueError("not a size: %r (write e.g. 4G, 512M or a number of bytes)" % (text,))
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    try:
+        return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    except OverflowError:  # hundreds of digits: float() gives inf, int(inf) overflows
+        raise ValueError("not a size: %r is too large (write e.g. 4G)" % (text,))
 
 
 def parse_bool(text):
@@ -31,6 +34,18 @@ def parse_bool(text):
     if value in ("0", "false", "no", "off", ""):
         return False
     raise ValueError("not a boolean: %r (write 1 or 0)" % (text,))
+
+
+def parse_seconds(text):
+    """A finite number of seconds >= 0: a bounded wait must stay bounded."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")  # reported below, with the hint
+    if not 0 <= seconds < float("inf"):  # also false for nan
+        # filelock waits forever on a negative time-out; nan and inf never end either.
+        raise ValueError("not a number of seconds >= 0: %r (write e.g. 600)" % (text,))
+    return seconds
 
 
 def _text(value):
@@ -47,7 +62,7 @@ KNOBS = {
     "cache_dir": ("PTXBACKEND_CACHE_DIR", None, _text),
     "cache_max_size": ("PTXBACKEND_CACHE_MAX_SIZE", 1 << 30, parse_size),
     "cubin_cache": ("PTXBACKEND_CUBIN_CACHE", True, parse_bool),
-    "lock_timeout": ("PTXBACKEND_LOCK_TIMEOUT", 600.0, float),
+    "lock_timeout": ("PTXBACKEND_LOCK_TIMEOUT", 600.0, parse_seconds),
     "log": ("PTXBACKEND_LOG", "warning", _text),
 }
 
@@ -74,9 +89,11 @@ def _file_values(path):
     parser = configparser.ConfigParser()
     try:
         parser.read(path, encoding="utf-8")
-    except configparser.Error as exc:
-        raise PtxBackendError("config file %s is not valid INI: %s" % (path, exc))
-    values = dict(parser.items("ptxbackend")) if parser.has_section("ptxbackend") else {}
+        # items() interpolates, so a stray '%' fails here, not in read()
+        values = dict(parser.items("ptxbackend")) if parser.has_section("ptxbackend") else {}
+    except (configparser.Error, UnicodeDecodeError) as exc:  # a binary file fails to decode first
+        raise PtxBackendError("config file %s is not valid UTF-8 INI: %s. Fix it, or point "
+                              "PTXBACKEND_CONFIG at another file." % (path, exc))
     unknown = sorted(set(values) - set(KNOBS))
     if unknown:
         logging.getLogger("ptxbackend").warning(

@@ -4,8 +4,10 @@ Everything a warm start repeats per kernel is here, so it is kept lean: one
 hash of the request, one file read and checksum, no subprocess, no lock.
 """
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -77,13 +79,25 @@ def open_store(settings):
             try:
                 store = DirectoryStore(root, settings.cache_max_size, settings.lock_timeout)
             except (CacheError, OSError) as exc:
+                try:
+                    temporary = tempfile.mkdtemp(prefix="ptxbackend-cache-")
+                except OSError as tmp_exc:  # a read-only root file system: say what to set
+                    raise CacheError("no usable cache: %s; and no temporary one either (%s). Set "
+                                     "PTXBACKEND_CACHE_DIR or TMPDIR to a writable directory."
+                                     % (exc, tmp_exc))
                 _warn_once("store:" + root,
                            "ptxbackend: %s\nptxbackend: using a temporary cache for this process instead "
                            "(kernels will be compiled again next time).", exc)
-                store = DirectoryStore(tempfile.mkdtemp(prefix="ptxbackend-cache-"),
-                                       settings.cache_max_size, settings.lock_timeout)
+                # Per process, as the warning says: a line restarted daily must not fill /tmp.
+                atexit.register(_remove_temporary_cache, temporary, os.getpid())
+                store = DirectoryStore(temporary, settings.cache_max_size, settings.lock_timeout)
             _stores[root] = store
         return store
+
+
+def _remove_temporary_cache(path, creator_pid):
+    if os.getpid() == creator_pid:  # not from a forked child that exits normally
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _compiler(settings, kind, store):
@@ -175,8 +189,7 @@ def _compile(settings, source, options, compiler, name):
                     store.write(path, image, _metadata(key, chosen, producer, options, "compile"))
                     store.save_identity(comp.identity)
                 except OSError as exc:
-                    _warn_once("write:" + store.root, "ptxbackend: cannot write to the cache at %s: %s; "
-                               "kernels will be compiled again next time.", store.root, exc)
+                    store.note_unwritable(exc)  # once per store, with the lock's own failure
                 log.debug("ptxbackend: compiled %s for %s with %s", key[:12], chosen, producer)
                 return Artifact(image, chosen.output_kind, chosen, producer, key, path, False, reason,
                                 cc, store)
@@ -228,7 +241,7 @@ def loadable_image(artifact, cubin_cache=None):
         store.write(path, cubin, _metadata(artifact.key, artifact.target, artifact.producer, (), "jit",
                                            device_cc=cc, driver=driver.driver_build()))
     except OSError as exc:
-        _warn_once("write:" + store.root, "ptxbackend: cannot write to the cache at %s: %s", store.root, exc)
+        store.note_unwritable(exc)
     return cubin, "cubin"
 
 

@@ -57,6 +57,7 @@ def test_request_key_depends_on_each_part():
 def test_include_dirs_forms(tmp_path):
     a, b, c = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")
     assert include_dirs(["-I" + a, "-I", b, "--include-path=" + c, "-DX"]) == [a, b, c]
+    assert include_dirs(["-I " + a]) == [a]  # CuPy v2-v9 put a space after -I
 
 
 def test_header_fingerprint_follows_content_not_time(tmp_path):

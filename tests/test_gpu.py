@@ -72,6 +72,7 @@ def _plant(path, payload, meta):
         handle.write(entry.encode(payload, meta))
 
 
+@pytest.mark.reliability
 def test_ptx_that_fails_to_jit_reports_the_driver_log(nvcc13, monkeypatch):
     monkeypatch.setenv("PTXBACKEND_CUBIN_CACHE", "0")
     art = ptxbackend.compile(SAXPY, target="compute_75")
@@ -85,6 +86,7 @@ def test_ptx_that_fails_to_jit_reports_the_driver_log(nvcc13, monkeypatch):
     assert "ret_not_an_instruction" in info.value.log or "error" in info.value.log.lower()
 
 
+@pytest.mark.reliability
 def test_wrong_arch_cubin_planted_at_jit_level_is_rebuilt(nvcc13):
     art = ptxbackend.compile(SAXPY, target="compute_75")
     ptxbackend.load(art)  # creates the JIT level entry

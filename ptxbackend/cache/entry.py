@@ -44,11 +44,14 @@ def decode(blob, expect_key=None, expect_kind=None):
     """
     if len(blob) < HEADER_SIZE:
         raise CorruptEntry("shorter than the header (%d bytes)" % len(blob))
-    magic, schema, _reserved, meta_len, body_len, checksum = _HEADER.unpack_from(blob)
+    magic, schema, reserved, meta_len, body_len, checksum = _HEADER.unpack_from(blob)
     if magic != MAGIC:
         raise CorruptEntry("bad magic %r" % magic)
     if schema != SCHEMA_VERSION:
         raise CorruptEntry("schema %d, expected %d" % (schema, SCHEMA_VERSION))
+    if reserved != 0:
+        # Writers put 0 here (a future use bumps the schema), so every byte of a file is checked.
+        raise CorruptEntry("reserved field is %d, expected 0" % reserved)
     if HEADER_SIZE + meta_len + body_len != len(blob):
         raise CorruptEntry("header says %d bytes, file has %d"
                            % (HEADER_SIZE + meta_len + body_len, len(blob)))

@@ -37,6 +37,8 @@ def include_dirs(options):
                 value = opt[len(flag) + 1:]
             elif flag == "-I" and opt.startswith("-I") and len(opt) > 2:
                 value = opt[2:]
+        # CuPy v2-v9 pass '-I ' + path: the space is not part of the directory.
+        value = value.strip() if value else value
         if value:
             dirs.append(os.path.abspath(value))
         index += 1

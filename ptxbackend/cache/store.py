@@ -61,6 +61,7 @@ class DirectoryStore(object):
         self.meta_dir = os.path.join(self.base, "meta")
         self.max_size = max_size
         self.lock_timeout = lock_timeout
+        self._unwritable_reported = False
         try:
             _fsutil.make_private_dirs(self.base)
         except OSError as exc:
@@ -92,6 +93,9 @@ class DirectoryStore(object):
         """
         try:
             blob = _fsutil.read_file(path)
+        except _fsutil.UnsafeFile as exc:
+            self._discard(path, exc.strerror)
+            return None
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return None
@@ -110,6 +114,13 @@ class DirectoryStore(object):
         _fsutil.make_private_dirs(os.path.dirname(path))
         _fsutil.write_atomic(path, entry_format.encode(payload, metadata))
         self._maybe_prune()
+
+    def note_unwritable(self, exc):
+        """Warn once per store that the cache cannot be written; the caller carries on without it."""
+        if not self._unwritable_reported:
+            self._unwritable_reported = True
+            log.warning("ptxbackend: cannot write to the cache at %s: %s; kernels will be compiled "
+                        "again next time.", self.root, exc)
 
     def _discard(self, path, why):
         log.warning("ptxbackend: discarding cache entry %s: %s; it will be rebuilt", path, why)
@@ -130,23 +141,30 @@ class DirectoryStore(object):
         """Hold the lock of the entry at ``path`` (bounded wait: ``lock_timeout`` seconds)."""
         import filelock
         lock_path = self._lock_path(path)
-        _fsutil.make_private_dirs(os.path.dirname(lock_path))
-        if os.path.islink(lock_path):
-            # filelock opens the path with O_CREAT|O_TRUNC: a planted link would be written through.
-            log.warning("ptxbackend: removing a symlink planted at lock path %s", lock_path)
-            _fsutil.remove_quietly(lock_path)
-        lock = filelock.FileLock(lock_path, timeout=self.lock_timeout)
+        lock = None
         try:
+            _fsutil.make_private_dirs(os.path.dirname(lock_path))
+            if os.path.islink(lock_path):
+                # filelock opens the path with O_CREAT|O_TRUNC: a planted link would be written through.
+                log.warning("ptxbackend: removing a symlink planted at lock path %s", lock_path)
+                _fsutil.remove_quietly(lock_path)
+            lock = filelock.FileLock(lock_path, timeout=self.lock_timeout)
             lock.acquire()
-        except filelock.Timeout:
+        except filelock.Timeout:  # a TimeoutError, so an OSError: caught before the clause below
             raise CacheError(
                 "waited %.0f s for the cache lock %s (another process is compiling the same "
                 "kernel, or is stuck). Raise PTXBACKEND_LOCK_TIMEOUT, or stop the other process."
                 % (self.lock_timeout, lock_path))
+        except OSError as exc:
+            # A read-only or full cache cannot hold a lock file.  Compiling unlocked costs at
+            # most a duplicate compile (writes stay atomic); failing would stop the program.
+            self.note_unwritable(exc)
+            lock = None
         try:
             yield
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
 
     # -- producers -----------------------------------------------------------------------------
     def save_identity(self, identity):
@@ -220,6 +238,7 @@ class DirectoryStore(object):
         Returns ``(files_removed, bytes_removed)``.
         """
         limit = self.max_size if max_size is None else max_size
+        self._remove_stale_temporaries()
         items = sorted(self.entries(), key=lambda item: item[2])
         total = sum(item[1] for item in items)
         removed = freed = 0
@@ -234,6 +253,24 @@ class DirectoryStore(object):
             removed += 1
             freed += size
         return removed, freed
+
+    def _remove_stale_temporaries(self):
+        """Remove temporary files of writers killed before their rename (SIGKILL, power loss).
+
+        They are never entries and would otherwise stay forever, uncounted by the size cap.
+        An hour old, no live writer (seconds per write) can still be using one.
+        """
+        for producer in self._producers():
+            for base, _dirs, files in os.walk(os.path.join(self.base, producer)):
+                for name in files:
+                    if not name.startswith(".tmp-"):
+                        continue
+                    full = os.path.join(base, name)
+                    try:
+                        if time.time() - os.lstat(full).st_mtime > _TOUCH_AFTER:
+                            _fsutil.remove_quietly(full)
+                    except OSError:
+                        pass
 
     def _maybe_prune(self):
         if not self.max_size:

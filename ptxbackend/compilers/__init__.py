@@ -1,5 +1,7 @@
 """Compiler backends: nvcc (a subprocess) and NVRTC (a library through ctypes)."""
 
+import os
+
 from ..errors import CompilerNotFoundError
 from .base import Compiler, CompilerIdentity
 
@@ -20,6 +22,9 @@ def get_compiler(kind=None, nvcc_path=None, nvrtc_path=None, memo_dir=None):
         try:
             return nvcc_compiler(nvcc_path, memo_dir)
         except CompilerNotFoundError as nvcc_error:
+            if nvcc_path or os.environ.get("PTXBACKEND_NVCC"):
+                # The nvcc the user named is broken: say so rather than build with NVRTC instead.
+                raise
             try:
                 return nvrtc_compiler(nvrtc_path, memo_dir)
             except CompilerNotFoundError as nvrtc_error:

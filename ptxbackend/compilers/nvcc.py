@@ -120,6 +120,16 @@ class NvccCompiler(Compiler):
                 + list(options) + ["-o", output_name, source_name])
 
     def compile(self, source, options, target, name="kernel.cu"):
+        # The name is only what nvcc reports errors against: a path in it ('../x.cu', '/abs/k.cu')
+        # must not put the source file outside the private directory.
+        name = os.path.basename(str(name))
+        if name in ("", ".", ".."):
+            name = "kernel.cu"
+        if "\0" in name or any("\0" in str(option) for option in options):
+            # execve() cannot pass it: Popen would raise a bare ValueError
+            raise CompileError("the kernel name or an option contains a NUL character, which cannot "
+                               "be passed to nvcc; remove it",
+                               command=[str(o).replace("\0", "\\0") for o in options])
         workdir = tempfile.mkdtemp(prefix="ptxbackend-nvcc-")
         try:
             source_path = os.path.join(workdir, name)

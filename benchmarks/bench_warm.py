@@ -1,0 +1,360 @@
+"""Section 2: warm start in a fresh process with N = 1, 10, 100 distinct cached kernels (GPU only).
+
+Every measurement is a fresh interpreter (benchutil.spawn).  Inside it, the driver context (or
+CuPy's) is made first, then one extra cached kernel is used and timed alone ("first": it pays the
+one-time costs: settings, store, compiler memo, CuPy's set-up), then the N kernels are timed
+together: the per-kernel figure is that time / N.
+
+Paths (rows):
+  floor            read a native cubin file + driver.load_module (what no cache can beat)
+  ptxbackend cubin ptxbackend.compile() hit + ptxbackend.load() with the cubin level on
+  PTX, JIT cache off   the same with PTXBACKEND_CUBIN_CACHE=0 and CUDA_CACHE_DISABLE=1
+  PTX, JIT cache warm  PTXBACKEND_CUBIN_CACHE=0, CUDA_CACHE_PATH warmed by an earlier process
+  CuPy stock       N ElementwiseKernels, first use, CuPy's cache warm, PTXBACKEND_DISABLE=1
+  CuPy + ptxbackend the same through the start-up hook (target auto, and the PTX target)
+A discarded warm-up process per row fills its caches first.  Repetitions are interleaved
+(for each repetition: for each N: for each row).
+"""
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import benchutil
+import machine
+
+WARMUP_ID = 999
+FIRST_ID = 1000
+
+
+# --------------------------------------------------------------------------- child
+
+def _cupy_kernel(cupy, i):
+    return cupy.ElementwiseKernel("float32 x", "float32 y", "y = x * %d.0f + 1.0f" % i, "bench_warm_%d" % i)
+
+
+def warm_child(args):
+    mode, ids = args["mode"], args["ids"]
+    perf = time.perf_counter
+    out = {"n": len(ids)}
+    if mode == "floor":
+        from ptxbackend import driver
+        driver.ensure_context()
+        paths = [os.path.join(args["cubin_dir"], "k%d.cubin" % i) for i in ids]
+        first = os.path.join(args["cubin_dir"], "k%d.cubin" % WARMUP_ID)
+        t0 = perf()
+        with open(first, "rb") as handle:
+            keep = [driver.load_module(handle.read(), "cubin")]
+        t1 = perf()
+        for path in paths:
+            with open(path, "rb") as handle:
+                data = handle.read()
+            keep.append(driver.load_module(data, "cubin"))
+        t2 = perf()
+        out["kinds"] = sorted(set(m.kind for m in keep))
+    elif mode == "ptxbackend":
+        import ptxbackend
+        from ptxbackend import driver
+        driver.ensure_context()
+        sources = [benchutil.kernel_source("elementwise", i) for i in ids]
+        first = benchutil.kernel_source("elementwise", WARMUP_ID)
+        target, compiler = args["target"], args["compiler"]
+        t0 = perf()
+        keep = [ptxbackend.load(ptxbackend.compile(first, (), target=target, compiler=compiler))]
+        t1 = perf()
+        hits = 0
+        for source in sources:
+            artifact = ptxbackend.compile(source, (), target=target, compiler=compiler)
+            hits += bool(artifact.cache_hit)
+            keep.append(ptxbackend.load(artifact))
+        t2 = perf()
+        out["hits"] = hits
+        out["kinds"] = sorted(set(m.kind for m in keep))
+    else:  # cupy
+        stats = None
+        if args.get("hook"):
+            import _ptxbackend_boot
+            _ptxbackend_boot.start()
+        import cupy
+        if args.get("hook"):
+            stats = _count_ptxbackend_compiles()
+        x = cupy.arange(1024, dtype=cupy.float32)
+        cupy.cuda.Device().synchronize()
+        first = _cupy_kernel(cupy, WARMUP_ID)
+        kernels = [_cupy_kernel(cupy, i) for i in ids]
+        t0 = perf()
+        first(x)
+        cupy.cuda.Device().synchronize()
+        t1 = perf()
+        for kernel in kernels:
+            kernel(x)
+        cupy.cuda.Device().synchronize()
+        t2 = perf()
+        if stats is not None:
+            import ptxbackend
+            out.update(stats)
+            out["installed"] = ptxbackend.installed()
+    out["first_ms"] = (t1 - t0) * 1000.0
+    out["per_kernel_ms"] = (t2 - t1) * 1000.0 / max(1, len(ids))
+    return out
+
+
+def _count_ptxbackend_compiles():
+    """Count the compiles the hook hands to ptxbackend, and their cache hits (a few microseconds each)."""
+    from ptxbackend import engine
+    stats = {"served": 0, "hits": 0, "kinds": []}
+    original = engine.compile
+
+    def counting(*args, **kwargs):
+        artifact = original(*args, **kwargs)
+        stats["served"] += 1
+        stats["hits"] += bool(artifact.cache_hit)
+        if artifact.kind not in stats["kinds"]:
+            stats["kinds"].append(artifact.kind)
+        return artifact
+
+    engine.compile = counting
+    return stats
+
+
+# --------------------------------------------------------------------------- preparation (runner)
+
+def _compile_many(ids, target, entry, cache_dir, cc, workers):
+    """ptxbackend.compile() every variant into ``cache_dir``; returns {id: artifact}."""
+    import ptxbackend
+    saved = {k: os.environ.get(k) for k in ("PTXBACKEND_NVCC", "PTXBACKEND_NVRTC")}
+    os.environ.update(machine.env_for(entry))
+    cc_text = "%d.%d" % (cc // 10, cc % 10)
+
+    def one(i):
+        return i, ptxbackend.compile(benchutil.kernel_source("elementwise", i), (), target=target,
+                                     compiler=entry["kind"], device_cc=cc_text, cache_dir=cache_dir)
+    try:
+        results = dict([one(ids[0])])  # the first alone: compiler identity, store
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results.update(pool.map(one, ids[1:]))
+        return results
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run(ctx):
+    if not ctx.gpu.get("available"):
+        return ctx.skipped("Warm start in a fresh process", "needs a GPU (%s)" % ctx.gpu.get("why", "none found"))
+    reps = ctx.reps(full=5, quick=2)
+    ns = (1, 10, 100)
+    ids_all = list(range(FIRST_ID, FIRST_ID + max(ns))) + [WARMUP_ID]
+    cc = ctx.device_cc
+    notes = ["Per-kernel ms = (time for the N kernels) / N in a fresh process, after one extra kernel "
+             "(its time is 'first kernel'); median (min-max, repetitions).",
+             "Kernel for the floor and ptxbackend rows: benchmarks/kernels/elementwise.cu with a distinct "
+             "BENCH_VARIANT each; CuPy rows: distinct ElementwiseKernels."]
+    workers = max(1, min(8, os.cpu_count() or 1))
+
+    native_slot, native = machine.pick(ctx.toolkits, ("nvrtc13", "nvcc13"), cc, kind="sm")
+    ptx_slot, ptx = machine.pick(ctx.toolkits, ("nvrtc13", "nvcc13", "nvrtc117", "nvcc112"), ctx.ptx_arch)
+    ptx_target = "compute_%d" % ctx.ptx_arch
+    rows = []  # (key, label, child args, env)
+    base = {"CUDA_CACHE_MAXSIZE": benchutil.JIT_CACHE_4G, "PTXBACKEND_DISABLE": "1", "CUDA_CACHE_DISABLE": None}
+
+    if native:
+        cubin_dir = ctx.ws.fresh("floor-cubins")
+        benchutil.log("warm: building %d native cubins (sm_%d) with %s" % (len(ids_all), cc, native_slot))
+        built = _compile_many(ids_all, "sm_%d" % cc, native, ctx.ws.fresh("floor-cache"), cc, workers)
+        for i, artifact in built.items():
+            with open(os.path.join(cubin_dir, "k%d.cubin" % i), "wb") as handle:
+                handle.write(artifact.image)
+        env = dict(base, CUDA_CACHE_PATH=ctx.ws.fresh("jit-floor"))
+        rows.append(("floor", "floor: read cubin + cuModuleLoadData (sm_%d)" % cc,
+                     {"mode": "floor", "cubin_dir": cubin_dir}, env))
+    else:
+        notes.append("floor not measured: no compiler here emits sm_%d cubins." % cc)
+
+    if ptx:
+        pb_cache = ctx.ws.fresh("pb-cache")
+        benchutil.log("warm: building %d PTX entries (%s) with %s" % (len(ids_all), ptx_target, ptx_slot))
+        _compile_many(ids_all, ptx_target, ptx, pb_cache, cc, workers)
+        common = dict(base, PTXBACKEND_CACHE_DIR=pb_cache, **machine.env_for(ptx))
+        args = {"mode": "ptxbackend", "target": ptx_target, "compiler": ptx["kind"]}
+        who = "%s %s" % (machine.label(ptx_slot, ptx), ptx_target)
+        rows.append(("pb_cubin", "ptxbackend hit, cubin level (%s)" % who, args,
+                     dict(common, PTXBACKEND_CUBIN_CACHE="1", CUDA_CACHE_PATH=ctx.ws.fresh("jit-pbcubin"))))
+        rows.append(("pb_ptx_nojit", "ptxbackend PTX, driver JIT cache off", args,
+                     dict(common, PTXBACKEND_CUBIN_CACHE="0", CUDA_CACHE_DISABLE="1",
+                          CUDA_CACHE_PATH=ctx.ws.fresh("jit-off"))))
+        rows.append(("pb_ptx_jitwarm", "ptxbackend PTX, driver JIT cache warm", args,
+                     dict(common, PTXBACKEND_CUBIN_CACHE="0", CUDA_CACHE_PATH=ctx.ws.fresh("jit-warm"))))
+    else:
+        notes.append("ptxbackend rows not measured: no compiler here builds %s." % ptx_target)
+
+    if ctx.cupy.get("cupy_version"):
+        stock_dir = ctx.ws.fresh("cupy-stock")
+        rows.append(("cupy_stock", "CuPy %s stock (its cache warm)" % ctx.cupy["cupy_version"],
+                     {"mode": "cupy"}, dict(base, CUPY_CACHE_DIR=stock_dir, CUDA_CACHE_PATH=ctx.ws.fresh("jit-cs"))))
+        hook = dict(base, PTXBACKEND_DISABLE=None, CUPY_CACHE_DIR=ctx.ws.fresh("cupy-hook"))
+        if "path" in ctx.toolkits.get("nvrtc13", {}):
+            hook["PTXBACKEND_NVRTC"] = ctx.toolkits["nvrtc13"]["path"]
+        rows.append(("cupy_hook", "CuPy + ptxbackend hook (target auto)", {"mode": "cupy", "hook": True},
+                     dict(hook, PTXBACKEND_CACHE_DIR=ctx.ws.fresh("hook-cache"), CUDA_CACHE_PATH=ctx.ws.fresh("jit-ch"))))
+        rows.append(("cupy_hook_ptx", "CuPy + ptxbackend hook (%s, cubin level)" % ptx_target,
+                     {"mode": "cupy", "hook": True},
+                     dict(hook, PTXBACKEND_TARGET=ptx_target, PTXBACKEND_CACHE_DIR=ctx.ws.fresh("hook-ptx-cache"),
+                          CUDA_CACHE_PATH=ctx.ws.fresh("jit-chp"))))
+    else:
+        notes.append("CuPy rows not measured: CuPy is not importable here (%s)." % ctx.cupy.get("cupy_error", "missing"))
+
+    failed = {}
+    for key, label, args, env in rows:  # warm-up: fill every cache this row reads
+        benchutil.log("warm: warm-up process for %s" % key)
+        try:
+            got = benchutil.spawn("bench_warm", "warm_child", dict(args, ids=ids_all[:-1]),
+                                  benchutil.clean_env(env), timeout=600)
+            if key.startswith("cupy_hook") and got.get("served", 0) < max(ns):
+                notes.append("%s: ptxbackend served %d of %d kernels in the warm-up (the rest fell back to CuPy)."
+                             % (key, got.get("served", 0), max(ns)))
+        except benchutil.ChildError as exc:
+            failed[key] = str(exc)
+    samples = {(key, n): [] for key, _l, _a, _e in rows for n in ns}
+    firsts = {(key, n): [] for key, _l, _a, _e in rows for n in ns}
+    checks = {}
+    for rep in range(reps):
+        for n in ns:
+            for key, label, args, env in rows:
+                if key in failed:
+                    continue
+                benchutil.log("warm: rep %d N=%d %s" % (rep + 1, n, key))
+                try:
+                    got = benchutil.spawn("bench_warm", "warm_child", dict(args, ids=ids_all[:n]),
+                                          benchutil.clean_env(env), timeout=600)
+                except benchutil.ChildError as exc:
+                    failed[key] = str(exc)
+                    continue
+                samples[(key, n)].append(got["per_kernel_ms"])
+                firsts[(key, n)].append(got["first_ms"])
+                checks.setdefault(key, got)
+                if "hits" in got and got["hits"] < n:
+                    notes.append("%s N=%d: only %d of %d were cache hits." % (key, n, got["hits"], n))
+    for key, why in failed.items():
+        notes.append("%s failed: %s" % (key, why))
+    for key, got in sorted(checks.items()):
+        if "kinds" in got:
+            notes.append("%s: modules loaded from %s images%s." % (
+                key, "/".join(got["kinds"]),
+                "" if "served" not in got else "; hook installed: %s" % got.get("installed")))
+
+    stats = {}
+    for (key, n), values in samples.items():
+        stats.setdefault(key, {})[str(n)] = {"per_kernel_ms": benchutil.summarize(values, "ms"),
+                                             "first_ms": benchutil.summarize(firsts[(key, n)], "ms")}
+    legacy = ctx.legacy or {}
+    return _report(rows, stats, ns, notes, legacy, ptx_target)
+
+
+def _report(rows, stats, ns, notes, legacy, ptx_target):
+    floor = stats.get("floor", {})
+    columns = ["path"]
+    for n in ns:
+        columns += ["N=%d ms/kernel" % n, "x floor"]
+    columns.append("first kernel, ms (N=%d runs)" % max(ns))
+    table = []
+    plot_labels, series = [], {"N=%d" % n: [] for n in ns}
+    for key, label, _args, _env in rows:
+        row = [label]
+        for n in ns:
+            cell = stats.get(key, {}).get(str(n), {}).get("per_kernel_ms")
+            base = floor.get(str(n), {}).get("per_kernel_ms")
+            row += [benchutil.fmt_stat(cell), benchutil.fmt_ratio(benchutil.ratio(cell, base) if base else None)]
+            series["N=%d" % n].append(cell)
+        row.append(benchutil.fmt_stat(stats.get(key, {}).get(str(max(ns)), {}).get("first_ms")))
+        table.append(row)
+        plot_labels.append(key)
+    for key, label in LEGACY_ROWS:
+        value = legacy.get(key)
+        if value is None:
+            continue
+        row = [label + " (legacy harness)"]
+        for n in ns:
+            cell = value.get(str(n)) if isinstance(value, dict) and "median" not in value else \
+                (value if n == max(ns) else None)
+            base = floor.get(str(n), {}).get("per_kernel_ms")
+            row += [benchutil.fmt_stat(cell), benchutil.fmt_ratio(benchutil.ratio(cell, base) if cell and base else None)]
+        row.append("-")
+        table.append(row)
+    if legacy:
+        notes.append("Legacy rows come from --legacy-results (%s); a value without N is shown under N=%d."
+                     % (legacy.get("_source", "?"), max(ns)))
+    big = str(max(ns))
+
+    def med(key):
+        return (stats.get(key, {}).get(big, {}).get("per_kernel_ms") or {}).get("median")
+    summary = {"n": max(ns), "floor_ms": med("floor"), "pb_cubin_ms": med("pb_cubin"),
+               "pb_ptx_nojit_ms": med("pb_ptx_nojit"), "pb_ptx_jitwarm_ms": med("pb_ptx_jitwarm"),
+               "cupy_stock_ms": med("cupy_stock"), "cupy_hook_ms": med("cupy_hook"),
+               "cupy_hook_ptx_ms": med("cupy_hook_ptx"), "ptx_target": ptx_target}
+    for key, _label in LEGACY_ROWS:
+        if key in legacy:
+            summary["legacy_" + key] = _median_of(legacy[key], big)
+    return {"title": "Warm start in a fresh process (N distinct cached kernels)", "status": "ok" if stats else "error",
+            "notes": notes, "stats": stats, "summary": summary,
+            "table": {"columns": columns, "rows": table},
+            "plots": [{"file": "warm.png", "title": "Warm start per kernel (fresh process)", "ylabel": "ms per kernel",
+                       "log": True, "labels": plot_labels, "series": series}]}
+
+
+# --------------------------------------------------------------------------- legacy results
+
+LEGACY_ROWS = (
+    ("stock_warm_ms_per_kernel", "Chainer 1.24 stock, first use of a cached kernel"),
+    ("ptxbackend_warm_ms_per_kernel", "Chainer 1.24 + ptxbackend, first use of a cached kernel"),
+    ("stock_hit_ms_per_kernel", "Chainer 1.24 stock compile_with_cache hit"),
+    ("ptxbackend_hit_ms_per_kernel", "Chainer 1.24 + ptxbackend compile_with_cache hit"),
+    ("stock_cold_ms_per_kernel", "Chainer 1.24 stock, cold (compile)"),
+    ("ptxbackend_cold_ms_per_kernel", "Chainer 1.24 + ptxbackend, cold (compile)"),
+)
+
+
+def _as_stat(value):
+    if isinstance(value, (int, float)):
+        return benchutil.summarize([value], "ms")
+    if isinstance(value, list) and value and all(isinstance(v, (int, float)) for v in value):
+        return benchutil.summarize(value, "ms")
+    if isinstance(value, dict) and "median" in value:
+        stat = benchutil.summarize([value["median"]], "ms")
+        stat.update({k: value[k] for k in ("min", "max", "reps", "q1", "q3") if k in value})
+        return stat
+    return None
+
+
+def normalize_legacy(data, source="?"):
+    """The legacy harness's per-kernel figures, as {key: stat or {N: stat}}; unknown keys ignored.
+
+    Keys are looked up at the top level, then under "benchmarks".  Each value is a number, a list of
+    repetitions, a {"median", "min", "max", "reps"} dict, or a dict of those keyed by N ("1", "100").
+    """
+    found = {"_source": source}
+    for scope in (data, data.get("benchmarks") if isinstance(data, dict) else None):
+        if not isinstance(scope, dict):
+            continue
+        for key, _label in LEGACY_ROWS:
+            if key in found or key not in scope:
+                continue
+            value = scope[key]
+            stat = _as_stat(value)
+            if stat is None and isinstance(value, dict):
+                per_n = {str(n): _as_stat(v) for n, v in value.items() if _as_stat(v) is not None}
+                if per_n:
+                    found[key] = per_n
+                continue
+            if stat is not None:
+                found[key] = stat
+    return found
+
+
+def _median_of(value, n):
+    if isinstance(value, dict) and "median" not in value:
+        value = value.get(n) or (value[sorted(value, key=int)[-1]] if value else None)
+    return value.get("median") if isinstance(value, dict) else None

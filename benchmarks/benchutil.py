@@ -1,0 +1,188 @@
+"""Shared helpers of the benchmark sections: statistics, child processes, kernel sources, formatting.
+
+Not part of the ptxbackend package.  Kept importable without NumPy, CuPy or a GPU: child
+processes import it first, and what a child imports before its clock starts must stay small.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH_DIR)
+KERNEL_DIR = os.path.join(BENCH_DIR, "kernels")
+MARKER = "PTXBENCH-JSON:"
+JIT_CACHE_4G = str(4 << 30)  # what ptxbackend's start-up hook sets CUDA_CACHE_MAXSIZE to
+
+
+class ChildError(RuntimeError):
+    """A benchmark child process failed; the message carries the end of its stderr."""
+
+
+# --------------------------------------------------------------------------- kernels
+
+def kernel_source(name, variant=None):
+    """The text of benchmarks/kernels/<name>.cu; ``variant`` makes a distinct source (cache key)."""
+    with open(os.path.join(KERNEL_DIR, name + ".cu")) as handle:
+        text = handle.read()
+    if variant is not None:
+        text = "#define BENCH_VARIANT %d\n" % int(variant) + text
+    return text
+
+
+# --------------------------------------------------------------------------- statistics
+
+def _quantile(ordered, q):
+    """Linear-interpolated quantile of an already sorted list."""
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(samples, unit="ms"):
+    """``{'unit', 'reps', 'samples', 'median', 'min', 'max', 'q1', 'q3'}`` of a list of numbers."""
+    values = [float(v) for v in samples]
+    if not values:
+        return {"unit": unit, "reps": 0, "samples": [], "median": None, "min": None, "max": None,
+                "q1": None, "q3": None}
+    ordered = sorted(values)
+    return {"unit": unit, "reps": len(values), "samples": values, "median": _quantile(ordered, 0.5),
+            "min": ordered[0], "max": ordered[-1], "q1": _quantile(ordered, 0.25),
+            "q3": _quantile(ordered, 0.75)}
+
+
+def ratio(a, b):
+    """a / b for two summaries (their medians) or numbers; None when either is missing."""
+    a = a.get("median") if isinstance(a, dict) else a
+    b = b.get("median") if isinstance(b, dict) else b
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def fmt_num(value, digits=3):
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return "%.0f" % value
+    places = max(0, digits - 1 - int(math.floor(math.log10(magnitude))))
+    return "%.*f" % (min(places, 6), value)
+
+
+def fmt_stat(stat, digits=3):
+    """``'1.23 (1.20-1.31, n=5)'``: median (min-max, repetitions)."""
+    if not stat or stat.get("median") is None:
+        return "-"
+    if stat.get("reps", 0) <= 1:
+        return "%s (n=1)" % fmt_num(stat["median"], digits)
+    return "%s (%s-%s, n=%d)" % (fmt_num(stat["median"], digits), fmt_num(stat["min"], digits),
+                                 fmt_num(stat["max"], digits), stat["reps"])
+
+
+def fmt_ratio(value):
+    return "-" if value is None else "%.3fx" % value
+
+
+# --------------------------------------------------------------------------- environment and children
+
+def clean_env(extra=None):
+    """This process's environment without PTXBACKEND_* settings (test/bench locations kept),
+    with the checkout and benchmarks/ first on PYTHONPATH; ``extra`` values of None delete."""
+    env = {}
+    for key, value in os.environ.items():
+        if key.startswith("PTXBACKEND_") and not key.startswith(("PTXBACKEND_TEST_", "PTXBACKEND_BENCH_")):
+            continue
+        env[key] = value
+    parts = [REPO, BENCH_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
+    return env
+
+
+_CHILD = ("import sys, json\n"
+          "sys.path[:0] = [%r, %r]\n"
+          "import %s as _m\n"
+          "_r = _m.%s(json.loads(sys.argv[1]))\n"
+          "sys.stdout.write('\\n' + %r + json.dumps(_r) + '\\n')\n")
+
+
+def spawn(module, function, args, env, timeout=600):
+    """Run ``module.function(args)`` in a fresh interpreter and return its JSON-able result.
+
+    The child prints its result as the last marked line of stdout.  Raises ChildError.
+    """
+    code = _CHILD % (REPO, BENCH_DIR, module, function, MARKER)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                              universal_newlines=True, cwd=tempfile.gettempdir())
+    except subprocess.TimeoutExpired:
+        raise ChildError("%s.%s timed out after %d s" % (module, function, timeout))
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(MARKER)]
+    if proc.returncode != 0 or not lines:
+        raise ChildError("%s.%s failed (exit %s): %s" % (module, function, proc.returncode,
+                                                         tail(proc.stderr or proc.stdout)))
+    return json.loads(lines[-1][len(MARKER):])
+
+
+def tail(text, lines=6, width=600):
+    text = (text or "").strip().splitlines()
+    return " | ".join(text[-lines:])[-width:]
+
+
+def first_line(exc):
+    text = str(exc).strip().splitlines()
+    return "%s: %s" % (type(exc).__name__, text[0] if text else "")
+
+
+def time_command(argv, env, cwd=None, timeout=300):
+    """Wall seconds of one run of ``argv`` (must exit 0)."""
+    started = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=cwd or tempfile.gettempdir(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout, universal_newlines=True)
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise ChildError("%s failed (exit %d): %s" % (" ".join(argv[:3]), proc.returncode, tail(proc.stderr)))
+    return elapsed
+
+
+class Workspace(object):
+    """Temporary directories of one benchmark run, removed at the end unless kept."""
+
+    def __init__(self, keep=False):
+        self.root = tempfile.mkdtemp(prefix="ptxbench-")
+        self.keep = keep
+
+    def path(self, *parts):
+        path = os.path.join(self.root, *parts)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def fresh(self, prefix):
+        parent = self.path("dirs")
+        return tempfile.mkdtemp(prefix=prefix + "-", dir=parent)
+
+    def close(self):
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def log(message):
+    sys.stderr.write("[bench %s] %s\n" % (time.strftime("%H:%M:%S"), message))
+    sys.stderr.flush()

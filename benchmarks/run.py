@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""ptxbackend benchmarks: the cubin path against the PTX path, side by side, with one command.
+
+    python benchmarks/run.py [--quick] [--out DIR] [--sections compile,warm,...]
+
+Detects what the machine has (GPU, compilers, CuPy), runs every section that can run there, and
+writes DIR/results.json, DIR/results.md and PNG plots.  See benchmarks/README.md.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+
+import benchutil  # noqa: E402
+import machine  # noqa: E402
+import report  # noqa: E402
+
+SECTIONS = report.SECTION_ORDER
+DEFAULT_DEVICE_CC = 90  # the H200, when there is no GPU to ask
+
+
+class Context(object):
+    """What every section gets: the options, the machine, a workspace."""
+
+    def __init__(self, args, ws, gpu, toolkits, cupy, legacy):
+        self.args = args
+        self.quick = args.quick
+        self.ws = ws
+        self.gpu = gpu
+        self.toolkits = toolkits
+        self.cupy = cupy
+        self.legacy = legacy
+        self.device_cc = gpu.get("cc") if gpu.get("available") else _parse_cc(args.device_cc)
+        self.ptx_arch = min(86, self.device_cc)  # what nvcc 11.2 gets on an H200: compute_86
+
+    def reps(self, full, quick):
+        if self.args.reps:
+            return self.args.reps
+        return quick if self.quick else full
+
+    def skipped(self, title, why):
+        benchutil.log("skipped: %s: %s" % (title, why))
+        return {"title": title, "status": "skipped", "notes": [why], "summary": {}}
+
+
+def _parse_cc(text):
+    major, _, minor = str(text).partition(".")
+    return int(major) * 10 + int(minor or 0)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Sections: %s. Environment: PTXBACKEND_TEST_NVCC112, PTXBACKEND_TEST_NVRTC, "
+                                       "PTXBACKEND_BENCH_CURAND, PTXBACKEND_BENCH_CURAND_NATIVE, "
+                                       "PTXBACKEND_BENCH_NVCC112_ARCHIVE." % ", ".join(SECTIONS))
+    p.add_argument("--quick", action="store_true", help="fewer repetitions and kernels; skips the library section")
+    p.add_argument("--out", default="benchmark-results", help="output directory (default: ./benchmark-results)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help="comma list of sections to run (default: all); results of other sections already in "
+                        "OUT/results.json are kept")
+    p.add_argument("--merge", metavar="RESULTS_JSON",
+                   help="keep the sections of this earlier results.json that this run does not repeat")
+    p.add_argument("--reps", type=int, default=0, help="repetitions per figure (default: per section)")
+    p.add_argument("--device-cc", default="9.0", help="compute capability to build for without a GPU (default 9.0)")
+    p.add_argument("--legacy-results", metavar="FILE", help="JSON from the legacy Chainer 1.24 harness (README)")
+    p.add_argument("--curand", metavar="PATH", help="libcurand.so.10 of nvidia-curand-cu11==10.2.10.91")
+    p.add_argument("--curand-native", metavar="PATH", help="a cuRAND with native code for the GPU "
+                                                           "(default: the CUDA toolkit's)")
+    p.add_argument("--nvcc", metavar="PATH", help="the CUDA 12/13 nvcc (default: CUDA_PATH, PATH, /usr/local/cuda)")
+    p.add_argument("--nvcc112", metavar="PATH", help="nvcc 11.2 (default: PTXBACKEND_TEST_NVCC112 or the bundle)")
+    p.add_argument("--nvcc112-archive", metavar="TAR", help="nvcc112.tar.xz to unpack (default: ../shared/toolkits)")
+    p.add_argument("--nvrtc117", metavar="PATH", help="libnvrtc of NVRTC 11.7 (default: PTXBACKEND_TEST_NVRTC or the wheel)")
+    p.add_argument("--nvrtc13", metavar="PATH", help="libnvrtc of NVRTC 12/13 (default: the toolkit's)")
+    p.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
+    p.add_argument("--keep-tmp", action="store_true", help="keep the temporary directory (its path is logged)")
+    args = p.parse_args(argv)
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        p.error("unknown section(s) %s; choose from %s" % (", ".join(unknown), ", ".join(SECTIONS)))
+    args.sections = chosen
+    return args
+
+
+def _load_previous(args):
+    path = args.merge or os.path.join(args.out, "results.json")
+    if not args.merge and set(args.sections) == set(SECTIONS):
+        return {}
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as handle:
+        previous = json.load(handle)
+    return {k: v for k, v in (previous.get("sections") or {}).items() if k not in args.sections}
+
+
+def _load_legacy(path):
+    if not path:
+        return {}
+    import bench_warm
+    with open(path) as handle:
+        return bench_warm.normalize_legacy(json.load(handle), source=path)
+
+
+def _isolate_environment(ws):
+    """Runs must not depend on the user's ptxbackend settings or config file."""
+    for key in list(os.environ):
+        if key.startswith("PTXBACKEND_") and not key.startswith(("PTXBACKEND_TEST_", "PTXBACKEND_BENCH_")):
+            del os.environ[key]
+    os.environ["PTXBACKEND_CONFIG"] = os.path.join(ws.root, "no-config.ini")
+    os.environ["PTXBACKEND_CACHE_DIR"] = ws.fresh("default-cache")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    started = time.time()
+    ws = benchutil.Workspace(keep=args.keep_tmp)
+    benchutil.log("workspace %s" % ws.root)
+    try:
+        _isolate_environment(ws)
+        kept = _load_previous(args)
+        legacy = _load_legacy(args.legacy_results)
+        benchutil.log("detecting the machine")
+        gpu = machine.detect_gpu()
+        toolkits = machine.find_toolkits(ws, args)
+        cupy = machine.cupy_info()
+        ctx = Context(args, ws, gpu, toolkits, cupy, legacy)
+        results = {"schema": 1, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                   "args": {"quick": args.quick, "sections": args.sections, "reps": args.reps,
+                            "legacy_results": args.legacy_results, "device_cc_without_gpu": args.device_cc},
+                   "machine": machine.host_info(), "gpu": gpu, "toolkits": toolkits, "cupy": cupy,
+                   "device_cc_used": ctx.device_cc, "ptx_target": "compute_%d" % ctx.ptx_arch,
+                   "sections": dict(kept), "section_seconds": {}}
+        for name, entry in sorted(toolkits.items()):
+            benchutil.log("toolkit %s: %s" % (name, entry.get("version") and "%s %s" % (entry["kind"], entry["version"])
+                                               or entry.get("missing")))
+        for name in SECTIONS:
+            if name not in args.sections:
+                continue
+            benchutil.log("=== section %s" % name)
+            section_started = time.time()
+            module = __import__("bench_" + name)
+            try:
+                results["sections"][name] = module.run(ctx)
+            except Exception as exc:
+                benchutil.log("section %s failed: %s" % (name, benchutil.first_line(exc)))
+                results["sections"][name] = {"title": name, "status": "error", "summary": {},
+                                             "notes": ["failed: %s" % benchutil.tail(traceback.format_exc(), 4, 800)]}
+            results["section_seconds"][name] = round(time.time() - section_started, 1)
+            results["duration_s"] = round(time.time() - started, 1)
+            report.write_results(results, args.out, plots=False)  # partial results survive a kill
+        results["duration_s"] = round(time.time() - started, 1)
+        json_path, md_path = report.write_results(results, args.out, plots=not args.no_plots)
+        benchutil.log("wrote %s and %s in %.0f s" % (json_path, md_path, results["duration_s"]))
+        for target in results["targets"]:
+            benchutil.log("target %-13s %s (%s)" % (target["status"], target["target"], target["value"]))
+        return 0
+    finally:
+        ws.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""CuPy integration: CuPy's kernel compiles go through ptxbackend.
+
+Each CuPy generation funnels every kernel through one function, looked up by
+attribute at call time, so replacing that attribute is enough:
+
+- Chainer 1.x's bundled CuPy (nvcc): ``cupy.cuda.compiler.compile_with_cache``
+  and its re-export ``cupy.cuda.compile_with_cache`` (what ``cupy/core`` calls);
+- CuPy v2-v9 (NVRTC): the same two names;
+- CuPy v10+: ``cupy.cuda.compiler._compile_module_with_cache``.
+
+The replacement builds for ptxbackend's target instead of the ``arch`` CuPy
+passes and returns CuPy's own ``function.Module``.  Calls needing something
+ptxbackend does not do (jitify, name expressions, relocatable device code, a
+compiler log, LTO IR, HIP) go to CuPy's original function, and so does any call
+ptxbackend fails to serve, except for a ptxbackend configuration error: a
+kernel stock CuPy would have run must still run.
+
+Importing this module never imports CuPy.
+"""
+
+import functools
+import importlib
+import inspect
+import logging
+import os
+import sys
+
+from . import engine
+from .config import load_settings
+from .errors import PtxBackendError, TargetError
+
+log = logging.getLogger("ptxbackend")
+
+_COMPILER = "cupy.cuda.compiler"
+_PACKAGE = "cupy.cuda"
+_CANDIDATES = ((_COMPILER, "_compile_module_with_cache"), (_COMPILER, "compile_with_cache"),
+               (_PACKAGE, "compile_with_cache"))
+_MARK = "_ptxbackend_original"  # on a replacement: the function it replaced
+_RDC_FLAGS = ("--device-c", "-dc", "-rdc=true", "--relocatable-device-code=true")
+# Arguments the replacement knows how to honour (or may ignore: arch, cache_dir, extra_source).
+_UNDERSTOOD = frozenset(("source", "options", "arch", "cache_dir", "extra_source", "backend",
+                         "enable_cooperative_groups", "name_expressions", "log_stream", "jitify",
+                         "to_ltoir"))
+_warned = set()
+
+
+def _disabled():
+    # Same reading as the start-up hook's, so the two never disagree.
+    return os.environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_ours(obj):
+    return getattr(obj, _MARK, None) is not None
+
+
+def generation(compiler_module):
+    """``'v1'``, ``'v2-v9'``, ``'v10+'`` for a ``cupy.cuda.compiler`` module, else ``None``."""
+    if compiler_module is None:
+        return None
+    if hasattr(compiler_module, "_compile_module_with_cache"):
+        return "v10+"
+    if not hasattr(compiler_module, "compile_with_cache"):
+        return None
+    return "v1" if callable(getattr(compiler_module, "nvcc", None)) else "v2-v9"
+
+
+def _entry_point(gen):
+    return "_compile_module_with_cache" if gen == "v10+" else "compile_with_cache"
+
+
+# --------------------------------------------------------------------------- the replacement
+
+def _needs_cupy(compiler_module, signature, call):
+    """Why this call must go to CuPy's own function, or ``None`` when ptxbackend can serve it."""
+    options = tuple(call.get("options") or ())
+    for name, param in signature.parameters.items():
+        if name in _UNDERSTOOD:
+            continue
+        default = {param.VAR_POSITIONAL: (), param.VAR_KEYWORD: {}}.get(param.kind, param.default)
+        value = call.get(name, default)
+        if value is not default and value != default:
+            return "argument %s=%r is unknown to ptxbackend" % (name, call[name])
+    runtime = getattr(compiler_module, "runtime", None)
+    reasons = (
+        ("jitify", call.get("jitify") or "-DCUPY_USE_JITIFY" in options),
+        ("name_expressions", call.get("name_expressions")),
+        ("cooperative groups (relocatable device code and cudadevrt)", call.get("enable_cooperative_groups")),
+        ("relocatable device code (cudadevrt)", any(o in _RDC_FLAGS for o in options)),
+        ("a log_stream", call.get("log_stream") is not None),
+        ("LTO IR output", call.get("to_ltoir")),
+        ("backend=%r" % (call.get("backend"),), call.get("backend", "nvrtc") not in ("nvrtc", "nvcc")),
+        ("HIP", getattr(runtime, "is_hip", False)),
+    )
+    for reason, applies in reasons:
+        if applies:
+            return reason
+    return None
+
+
+def _nvrtc_major(compiler_module):
+    try:
+        return compiler_module._get_nvrtc_version()[0]
+    except Exception:
+        return 12  # CuPy v14 runs only on CUDA >= 12, and v12/v13 decide by this very version
+
+
+def _cupy_options(compiler_module, gen, kind):
+    """The options CuPy adds inside the function replaced, except its architecture flag."""
+    if gen == "v1":
+        return ()  # Chainer 1.x adds only `--cubin -arch sm_XY` (and Windows-only host flags)
+    added = ("-ftz=true",)
+    flag = os.environ.get("CUPY_CUDA_COMPILE_WITH_DEBUG", "")
+    if flag.strip().isdigit() and int(flag) == 1:
+        added += ("--device-debug", "--generate-line-info")
+    if gen == "v10+" and kind == "nvrtc" and _nvrtc_major(compiler_module) >= 12:
+        # CuPy v12+ passes this to NVRTC >= 12 (every non-jitify compile in v14): its
+        # kernels call functions that carry no __device__ annotation.
+        added += ("--device-as-default-execution-space",)
+    return added
+
+
+def _use_cupy_context(compiler_module):
+    """Make CuPy's context for its current device current, as CuPy itself does before a load.
+
+    CuPy creates contexts lazily; ptxbackend reads the device from the current
+    context and JIT-links in it, so without this it could pick device 0.
+    """
+    runtime = getattr(compiler_module, "runtime", None)  # v7+; older ones: the cupy.cuda.runtime module
+    if runtime is None:
+        runtime = importlib.import_module("cupy.cuda.runtime")
+    runtime.memGetInfo()
+
+
+def _load(compiler_module, artifact):
+    """CuPy's own ``function.Module`` holding ``artifact`` (the JIT cubin for PTX)."""
+    image, kind = engine.loadable_image(artifact)
+    module = compiler_module.function.Module()
+    try:
+        module.load(bytes(image))
+    except Exception as exc:
+        if kind == artifact.kind:
+            raise
+        log.warning("ptxbackend: the driver rejected the cached JIT cubin of %s (%s); loading its PTX",
+                    artifact.key[:12], exc)
+        # CuPy hands the bytes to cuModuleLoadData as a C string: terminate the PTX.
+        module.load(bytes(artifact.image).rstrip(b"\0") + b"\0")
+    return module
+
+
+def _serve(compiler_module, gen, call):
+    backend = "nvcc" if gen == "v1" else (call.get("backend") or "nvrtc")
+    kind = load_settings().compiler or backend  # PTXBACKEND_COMPILER (or the config file) wins
+    options = tuple(call.get("options") or ()) + _cupy_options(compiler_module, gen, kind)
+    _use_cupy_context(compiler_module)
+    artifact = engine.compile(call["source"], options, compiler=kind)
+    log.debug("ptxbackend: CuPy kernel %s: %s %s", artifact.key[:12], artifact.kind, artifact.target)
+    return _load(compiler_module, artifact)
+
+
+def _is_configuration_error(exc):
+    # A bad PTXBACKEND_* value or an impossible target is the user's to fix, not to hide.
+    return isinstance(exc, TargetError) or type(exc) is PtxBackendError
+
+
+def _make_replacement(compiler_module, gen, original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original, assigned=("__name__", "__qualname__", "__doc__"))
+    def replacement(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            call = bound.arguments
+            reason = _needs_cupy(compiler_module, signature, call)
+        except Exception as exc:  # e.g. a bad argument: CuPy words that error about its own signature
+            reason = "arguments ptxbackend cannot read (%s: %s)" % (type(exc).__name__, exc)
+        if reason:
+            log.debug("ptxbackend: CuPy compiles this kernel itself (%s)", reason)
+            return original(*args, **kwargs)
+        try:
+            return _serve(compiler_module, gen, call)
+        except Exception as exc:
+            if _is_configuration_error(exc):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            log.debug("ptxbackend: could not serve a CuPy kernel: %s: %s", type(exc).__name__, exc)
+            if (type(exc).__name__, first) not in _warned:
+                _warned.add((type(exc).__name__, first))
+                log.warning("ptxbackend: %s: %s; CuPy's own compiler takes over for this kernel "
+                            "(PTXBACKEND_LOG=debug names each one)", type(exc).__name__, first)
+            # Inside the handler on purpose: if CuPy fails too, its error chains ours.
+            return original(*args, **kwargs)
+
+    setattr(replacement, _MARK, original)
+    return replacement
+
+
+# --------------------------------------------------------------------------- install / uninstall
+
+def _apply(compiler_module):
+    gen = generation(compiler_module)
+    if gen is None:
+        return False
+    name = _entry_point(gen)
+    current = getattr(compiler_module, name)
+    if not _is_ours(current):
+        current = _make_replacement(compiler_module, gen, current)
+        setattr(compiler_module, name, current)
+    package = sys.modules.get(_PACKAGE)
+    # The package re-exports the function (v1-v9); it may have been imported before or after us.
+    if gen != "v10+" and package is not None \
+            and getattr(package, "compile_with_cache", None) is getattr(current, _MARK):
+        package.compile_with_cache = current
+    return True
+
+
+def on_import(module):
+    """Called by the start-up hook once ``cupy.cuda`` or ``cupy.cuda.compiler`` has executed."""
+    try:
+        if _disabled():
+            return
+        name = getattr(module, "__name__", None)
+        _apply(module if name == _COMPILER else sys.modules.get(_COMPILER))
+    except Exception as exc:
+        try:
+            uninstall()
+        except Exception:
+            pass
+        log.warning("ptxbackend: could not take over CuPy's compiler (%s: %s); CuPy compiles its kernels "
+                    "itself", type(exc).__name__, (str(exc).strip().splitlines() or [""])[0])
+
+
+def install():
+    """Replace the compile function of every CuPy module already imported.  Idempotent.
+
+    Returns whether ptxbackend now serves CuPy's compiles.  A CuPy imported
+    later is handled by the start-up hook, not by this call.
+    """
+    _apply(sys.modules.get(_COMPILER))
+    return installed()
+
+
+def uninstall():
+    """Put CuPy's original functions back (the very objects that were replaced)."""
+    for module_name, attribute in _CANDIDATES:
+        module = sys.modules.get(module_name)
+        current = getattr(module, attribute, None)
+        if _is_ours(current):
+            setattr(module, attribute, getattr(current, _MARK))
+
+
+def installed():
+    return bool(_replaced())
+
+
+def _replaced():
+    return ["%s.%s" % (name, attribute) for name, attribute in _CANDIDATES
+            if _is_ours(getattr(sys.modules.get(name), attribute, None))]
+
+
+def status():
+    """What ``ptxbackend doctor`` reports about CuPy; never imports CuPy."""
+    cupy = sys.modules.get("cupy")
+    version = getattr(cupy, "__version__", None)
+    chainer = sys.modules.get("chainer")
+    if cupy is not None and version is None and chainer is not None:
+        version = "bundled with Chainer %s" % getattr(chainer, "__version__", "?")
+    gen = generation(sys.modules.get(_COMPILER))
+    try:
+        compiler = load_settings().compiler
+    except PtxBackendError:
+        compiler = os.environ.get("PTXBACKEND_COMPILER") or None
+    if compiler is None and gen is not None:
+        compiler = "nvcc" if gen == "v1" else "nvrtc"
+    return {"cupy_version": version, "generation": gen, "replaced": _replaced(), "compiler": compiler}

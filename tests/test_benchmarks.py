@@ -1,0 +1,147 @@
+"""benchmarks/: the entry point starts, and the results writer turns measurements into valid files.
+
+No timings are asserted.  The real (quick) benchmark run is opt-in: PTXBACKEND_TEST_BENCHMARKS=1.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+BENCH = os.path.join(REPO, "benchmarks")
+
+
+@pytest.fixture
+def bench_modules(monkeypatch):
+    monkeypatch.syspath_prepend(BENCH)
+    import benchutil
+    import report
+    return benchutil, report
+
+
+def fake_results(benchutil):
+    _stat = benchutil.summarize
+    return {
+        "schema": 1, "created": "2026-11-29 12:00:00 UTC", "duration_s": 12.5,
+        "args": {"quick": True, "sections": ["compile", "warm", "hook", "concurrency", "kernels"]},
+        "machine": {"hostname": "box", "cpu_count": 2, "python": "3.12.1"},
+        "gpu": {"available": True, "name": "NVIDIA H200", "cc": 90, "driver_build": "580.159.03",
+                "driver_cuda_version": "13.0"},
+        "toolkits": {"nvcc13": {"kind": "nvcc", "version": "13.0.88", "path": "/x/nvcc", "origin": "PATH"},
+                     "nvrtc13": {"missing": "not here | anywhere"}},
+        "cupy": {"cupy_version": "14.2.0", "hook_active": False},
+        "sections": {
+            "compile": {"title": "Cold compile", "status": "ok", "notes": ["a note"],
+                        "summary": {"worst_ratio": 1.04, "median_ratio": 1.01, "cells": 2},
+                        "table": {"columns": ["kernel", "ratio"], "rows": [["elementwise", "1.01x"], ["matmul", "1.04x"]]},
+                        "plots": [{"file": "compile.png", "title": "t", "ylabel": "s", "labels": ["a", "b"],
+                                   "series": {"bare": [_stat([1.0, 1.1], "s"), _stat([2.0], "s")],
+                                              "ours": [_stat([1.05], "s"), None]}}]},
+            "warm": {"title": "Warm start", "status": "ok", "notes": [],
+                     "summary": {"n": 100, "floor_ms": 0.05, "pb_cubin_ms": 0.06, "cupy_stock_ms": 0.3,
+                                 "legacy_ptxbackend_warm_ms_per_kernel": 0.2},
+                     "table": {"columns": ["path", "N=100"], "rows": [["floor", "0.05"]]}},
+            "kernels": {"title": "Kernels", "status": "skipped", "notes": ["needs a GPU"], "summary": {}},
+            "hook": {"title": "Hook", "status": "ok", "notes": [],
+                     "summary": {"pass_ratio": 1.08, "boot_import_ms": 0.4, "pass_delta_ms": 1.0},
+                     "table": {"columns": ["command", "ms"], "rows": [["python -c pass", "12 (11-13, n=30)"]]}},
+            "concurrency": {"title": "Concurrency", "status": "ok", "notes": [],
+                            "summary": {"processes": 16, "kernels": 50, "compiles": [50, 50], "each_once": True},
+                            "table": {"columns": ["run"], "rows": [["16 processes"]]}},
+        },
+    }
+
+
+def test_run_py_help_works():
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--help"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "--quick" in proc.stdout and "--out" in proc.stdout and "--legacy-results" in proc.stdout
+
+
+def test_summarize_reports_median_and_spread(bench_modules):
+    benchutil, _ = bench_modules
+    stat = benchutil.summarize([3.0, 1.0, 2.0, 10.0], "ms")
+    assert (stat["median"], stat["min"], stat["max"], stat["reps"]) == (2.5, 1.0, 10.0, 4)
+    assert stat["q1"] <= stat["median"] <= stat["q3"]
+    assert benchutil.summarize([], "s")["median"] is None
+    assert benchutil.fmt_stat(stat).startswith("2.50 (1.00-10.0, n=4)")
+
+
+def test_targets_say_met_not_met_and_not_measured(bench_modules):
+    benchutil, report = bench_modules
+    targets = {t["target"]: t for t in report.evaluate_targets(fake_results(benchutil))}
+    by_word = lambda word: [t for name, t in targets.items() if word in name][0]  # noqa: E731
+    assert by_word("<= 1.5x the floor")["status"] == "met"              # 0.06 / 0.05 = 1.2
+    assert by_word("20x faster")["status"] == "met" and "anchor" in by_word("20x faster")["detail"]
+    assert by_word("faster than CuPy 14")["status"] == "met"           # 0.2 < 0.3
+    assert by_word("within 5% of the bare")["status"] == "met"
+    assert by_word("PTX-JIT")["status"] == "not measured"
+    assert by_word("hook cost")["status"] == "not met"                 # pass 1.08x
+    assert by_word("library first call")["status"] == "not measured"
+    assert by_word("compiles each kernel once")["status"] == "met"
+    assert all(t["status"] in ("met", "not met", "not measured") for t in targets.values())
+
+
+def test_writer_produces_valid_json_and_markdown(bench_modules, tmp_path):
+    benchutil, report = bench_modules
+    results = fake_results(benchutil)
+    json_path, md_path = report.write_results(results, str(tmp_path), plots=False)
+    data = json.loads(open(json_path).read())
+    assert data["machine"]["hostname"] == "box" and len(data["targets"]) == 8
+    assert data["sections"]["compile"]["plots"][0]["series"]["bare"][0]["median"] == pytest.approx(1.05)
+    text = open(md_path).read()
+    assert "## Targets" in text and "## Toolkits" in text
+    for title in ("Cold compile", "Warm start", "Kernels", "Hook", "Concurrency"):
+        assert title in text
+    assert "Status: **skipped**." in text and "needs a GPU" in text
+    assert "not here \\| anywhere" in text  # a | inside a cell does not break the table
+    for line in text.splitlines():
+        if line.startswith("| ") and not line.startswith("| ---"):
+            assert line.endswith(" |")
+
+
+def test_plots_or_a_note(bench_modules, tmp_path):
+    benchutil, report = bench_modules
+    results = fake_results(benchutil)
+    report.write_results(results, str(tmp_path), plots=True)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib" in results["plot_note"]
+        return
+    assert (tmp_path / "compile.png").stat().st_size > 0
+    assert "![compile](compile.png)" in (tmp_path / "results.md").read_text()
+
+
+def test_legacy_results_are_read_in_every_documented_shape(bench_modules):
+    import bench_warm
+    got = bench_warm.normalize_legacy({
+        "stock_warm_ms_per_kernel": 3.07,
+        "benchmarks": {"ptxbackend_warm_ms_per_kernel": [0.2, 0.25, 0.3],
+                       "stock_hit_ms_per_kernel": {"median": 2.9, "min": 2.8, "max": 3.1, "reps": 3},
+                       "ptxbackend_hit_ms_per_kernel": {"1": 0.5, "100": [0.05, 0.06]}},
+        "unrelated": 1}, source="f.json")
+    assert got["stock_warm_ms_per_kernel"]["median"] == 3.07
+    assert got["ptxbackend_warm_ms_per_kernel"]["median"] == 0.25
+    assert got["stock_hit_ms_per_kernel"]["max"] == 3.1
+    assert got["ptxbackend_hit_ms_per_kernel"]["100"]["median"] == pytest.approx(0.055)
+    assert "unrelated" not in got
+
+
+@pytest.mark.skipif(os.environ.get("PTXBACKEND_TEST_BENCHMARKS") != "1",
+                    reason="the benchmark run itself is opt-in: PTXBACKEND_TEST_BENCHMARKS=1")
+def test_quick_benchmark_run(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--out", str(out)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert set(data["sections"]) == {"compile", "warm", "kernels", "hook", "libraries", "concurrency"}
+    assert all(s["status"] in ("ok", "skipped") for s in data["sections"].values()), \
+        {k: s.get("notes") for k, s in data["sections"].items() if s["status"] not in ("ok", "skipped")}
+    assert "## Targets" in (out / "results.md").read_text()
