@@ -169,7 +169,7 @@ def run(ctx):
                          "clock): %.3f s" % (name, time.perf_counter() - started))
 
     cc = ctx.device_cc
-    rows, figures, worst = [], [], []
+    rows, worst = [], []
     plot_labels, plot_bare, plot_ours = [], [], []
     first_compiles = {}
     for slot in machine.SLOTS:

@@ -149,8 +149,11 @@ def run(ctx):
                                "CUDA_CACHE_PATH": ctx.ws.fresh("kernels-jit"), "CUDA_CACHE_DISABLE": None,
                                "PTXBACKEND_DISABLE": "1"})
     benchutil.log("kernels: %s" % ", ".join(v["label"] for v in variants))
-    got = benchutil.spawn("bench_kernels", "kernels_child",
-                          {"variants": variants, "elements": ELEMENTS, "reps": reps}, env, timeout=600)
+    try:
+        got = benchutil.spawn("bench_kernels", "kernels_child",
+                              {"variants": variants, "elements": ELEMENTS, "reps": reps}, env, timeout=600)
+    except benchutil.ChildError as exc:
+        return {"title": title, "status": "error", "notes": notes + [str(exc)], "summary": {}}
     notes.append("ms per launch: median (min-max, repetitions) of batches of back-to-back launches "
                  "(>= %d ms per batch) on %dM floats; ratio = variant / native." % (MIN_BATCH_S * 1000, ELEMENTS >> 20))
     toolkit = {v["label"]: v["toolkit"] for v in variants}

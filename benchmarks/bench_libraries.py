@@ -16,6 +16,7 @@ import glob
 import os
 
 import benchutil
+from ptxbackend.libwarm import tree_size
 
 CONFIGS = (
     ("off", "CUDA_CACHE_DISABLE=1", {"CUDA_CACHE_DISABLE": "1"}, False),
@@ -90,7 +91,7 @@ def run(ctx):
         later = benchutil.summarize([p["first_call_s"] for p in processes[1:]], "s")
         stats[key] = {"first_process_s": first, "later_processes_s": later,
                       "cuda_cache_maxsize": processes[0].get("cuda_cache_maxsize"),
-                      "jit_cache_bytes": _tree_size(cache_path)}
+                      "jit_cache_bytes": tree_size(cache_path)}
         rows.append(["cuRAND 10.2 (no sm_%d code)" % ctx.device_cc, label,
                      "CUDA_CACHE_MAXSIZE=%s" % processes[0].get("cuda_cache_maxsize"),
                      benchutil.fmt_stat(first), benchutil.fmt_stat(later),
@@ -128,14 +129,3 @@ def run(ctx):
                        "log": True, "labels": [k for k in stats],
                        "series": {"1st process": [stats[k]["first_process_s"] for k in stats],
                                   "later processes": [stats[k]["later_processes_s"] for k in stats]}}]}
-
-
-def _tree_size(path):
-    total = 0
-    for base, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(base, name)).st_size
-            except OSError:
-                pass
-    return total

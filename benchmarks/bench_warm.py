@@ -298,7 +298,8 @@ def _report(rows, stats, ns, notes, legacy, ptx_target):
     for key, _label in LEGACY_ROWS:
         if key in legacy:
             summary["legacy_" + key] = _median_of(legacy[key], big)
-    return {"title": "Warm start in a fresh process (N distinct cached kernels)", "status": "ok" if stats else "error",
+    measured = any(cell["per_kernel_ms"]["reps"] for row in stats.values() for cell in row.values())
+    return {"title": "Warm start in a fresh process (N distinct cached kernels)", "status": "ok" if measured else "error",
             "notes": notes, "stats": stats, "summary": summary,
             "table": {"columns": columns, "rows": table},
             "plots": [{"file": "warm.png", "title": "Warm start per kernel (fresh process)", "ylabel": "ms per kernel",

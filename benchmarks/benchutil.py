@@ -137,7 +137,7 @@ def spawn(module, function, args, env, timeout=600):
     lines = [l for l in proc.stdout.splitlines() if l.startswith(MARKER)]
     if proc.returncode != 0 or not lines:
         raise ChildError("%s.%s failed (exit %s): %s" % (module, function, proc.returncode,
-                                                         tail(proc.stderr or proc.stdout)))
+                                                         tail(proc.stderr or proc.stdout, 2, 500)))
     return json.loads(lines[-1][len(MARKER):])
 
 

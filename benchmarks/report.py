@@ -175,11 +175,9 @@ def render_markdown(results):
     out.append(markdown_table(["target", "status", "value", "detail"],
                               [[t["target"], "**%s**" % t["status"], t["value"], t["detail"]] for t in targets]))
     sections = results.get("sections") or {}
-    number = 0
-    for name in SECTION_ORDER:
+    for number, name in enumerate(SECTION_ORDER, 1):
         if name not in sections:
             continue
-        number += 1
         sec = sections[name]
         out += ["", "## %d. %s" % (number, sec.get("title", name)), ""]
         if sec.get("status") != "ok":

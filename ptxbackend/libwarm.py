@@ -102,7 +102,8 @@ def _jit_cache_dir():
     return os.environ.get("CUDA_CACHE_PATH") or os.path.join(os.path.expanduser("~"), ".nv", "ComputeCache")
 
 
-def _tree_size(path):
+def tree_size(path):
+    """Bytes in the files below ``path`` (the driver JIT cache's size)."""
     total = 0
     for base, _dirs, files in os.walk(path):
         for name in files:
@@ -130,9 +131,9 @@ def warm_library(name_or_path):
     env.pop("CUDA_CACHE_DISABLE", None)
     env["CUDA_MODULE_LOADING"] = "EAGER"  # JIT every kernel now, not only those the first call touches
     cache_dir = _jit_cache_dir()
-    before = _tree_size(cache_dir)
+    before = tree_size(cache_dir)
     first = _run_child(kind, path, env)
-    grown = _tree_size(cache_dir) - before
+    grown = tree_size(cache_dir) - before
     env.pop("CUDA_MODULE_LOADING")
     second = _run_child(kind, path, env)
     return {"library": path, "kind": kind, "first": first, "second": second,

@@ -141,3 +141,15 @@ def test_verify_reports_bad_entries(tmp_path):
         handle.write(b"junk")
     good, bad = store.verify(repair=True)
     assert good == 0 and len(bad) == 1 and not os.path.exists(path)
+
+
+def test_identity_is_written_once(tmp_path):
+    from ptxbackend.compilers.base import CompilerIdentity
+    store = DirectoryStore(str(tmp_path / "c"))
+    identity = CompilerIdentity("nvcc", "/x/nvcc", "11.2.152", (61, 86), (61, 86), True)
+    store.save_identity(identity)
+    path = os.path.join(store.base, "nvcc-11.2.152", "identity.json")
+    os.utime(path, (1, 1))
+    store.save_identity(identity)
+    assert os.stat(path).st_mtime == 1  # unchanged identity: not rewritten
+    assert [i.to_json() for i in store.identities()] == [CompilerIdentity.from_json(identity.to_json()).to_json()]

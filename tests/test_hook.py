@@ -1,43 +1,29 @@
 """The start-up hook, installed from a real wheel into a real virtual environment."""
 
-import glob
 import os
+import shutil
 import subprocess
-import sys
 import zipfile
 
 import pytest
 
-from conftest import REPO
 
 HOOK_STATE = ("import sys, os; print(any(getattr(f, 'ptxbackend_watcher', False) for f in sys.meta_path), "
               "os.environ.get('CUDA_CACHE_MAXSIZE'))")
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("wheel"))
-    subprocess.check_call([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                           "-w", out, REPO], stdout=subprocess.DEVNULL)
-    return glob.glob(os.path.join(out, "ptxbackend-*.whl"))[0]
+def wheel(hook_wheel):
+    return hook_wheel
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory, wheel):
-    """A fresh venv with only ptxbackend's wheel (and its two dependencies from this environment)."""
-    root = str(tmp_path_factory.mktemp("venv"))
-    subprocess.check_call([sys.executable, "-m", "venv", "--without-pip", root])
-    python = os.path.join(root, "bin", "python")
-    site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   universal_newlines=True).strip()
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(site)  # what pip does for a pure wheel: its root goes to purelib
-    import filelock
-    import platformdirs
-    for module in (filelock, platformdirs):
-        src = os.path.dirname(module.__file__)
-        subprocess.check_call(["cp", "-r", src, site])
-    return python, site
+def venv(hook_venv, tmp_path_factory):
+    """This module's own copy of the session venv: some tests break it (and repair it)."""
+    root, site = hook_venv
+    copy = str(tmp_path_factory.mktemp("hook-venv") / "venv")
+    shutil.copytree(root, copy, symlinks=True)
+    return os.path.join(copy, "bin", "python"), os.path.join(copy, site)
 
 
 def run(python, *args, **env_changes):

@@ -511,3 +511,11 @@ print(json.dumps([compiler.identity.to_json(), loaded_nvrtc()]))
     identity, loaded = result
     assert identity == json.loads(json.dumps(first.identity.to_json()))
     assert loaded == []
+
+
+def test_compile_leaves_the_threads_text_encoding_alone():
+    import locale
+    compiler = nvrtc_compiler(require_nvrtc())
+    before = locale.getpreferredencoding(False)
+    compiler.compile(SAXPY, (), parse_target("compute_75"))
+    assert locale.getpreferredencoding(False) == before

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import struct
 
 import pytest
@@ -63,6 +64,24 @@ def captured(name, quiet=False):
     finally:
         logger.removeHandler(handler)
         logger.propagate = propagate
+
+
+class Hang(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def no_hang(seconds=10):
+    """Turn a read that blocks (a FIFO opened without O_NONBLOCK) into an exception, not a stuck CI."""
+    def expire(*_args):
+        raise Hang()
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def damage_kinds():
@@ -205,7 +224,13 @@ def test_fuzzed_entries_are_always_detected_reported_once_and_rebuilt(real_entri
         assert damaged != me["blob"]
         plant(me["path"], damaged)
         with captured("ptxbackend.cache", quiet=True) as records:
-            found = store.read(me["path"], me["key"], me["kind"])  # exactly what compile() does first
+            try:
+                with no_hang():
+                    found = store.read(me["path"], me["key"], me["kind"])  # what compile() does first
+            except Hang:
+                failures.append((name, "hung", None))
+                plant(me["path"], b"")  # unblock the rest of the run
+                return
         warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
         if found is not None:
             failures.append((name, "loaded", found[0] == me["payload"]))

@@ -11,8 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import zipfile
 
 import pytest
 
@@ -31,35 +29,6 @@ def figures(name, **values):
 def documented_variables():
     with io.open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8") as handle:
         return sorted(set(re.findall(r"PTXBACKEND_[A-Z0-9_]*[A-Z0-9]", handle.read())))
-
-
-@pytest.fixture(scope="session")
-def hook_wheel(tmp_path_factory):
-    """ptxbackend's wheel, built once for the session."""
-    out = str(tmp_path_factory.mktemp("reliability-wheel"))
-    command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", out, REPO]
-    if subprocess.call(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0:
-        # No `wheel` package here (a bare Python 3.6 venv): let pip build in isolation (PEP 517).
-        command.remove("--no-build-isolation")
-        subprocess.check_call(command + ["--use-pep517"], stdout=subprocess.DEVNULL)
-    return glob.glob(os.path.join(out, "ptxbackend-*.whl"))[0]
-
-
-@pytest.fixture(scope="session")
-def hook_venv(tmp_path_factory, hook_wheel):
-    """A venv holding the wheel (and filelock, platformdirs from this environment); copy before changing."""
-    root = str(tmp_path_factory.mktemp("reliability-venv"))
-    subprocess.check_call([sys.executable, "-m", "venv", "--without-pip", root])
-    python = os.path.join(root, "bin", "python")
-    site = subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   universal_newlines=True).strip()
-    with zipfile.ZipFile(hook_wheel) as archive:
-        archive.extractall(site)
-    import filelock
-    import platformdirs
-    for module in (filelock, platformdirs):
-        shutil.copytree(os.path.dirname(module.__file__), os.path.join(site, module.__name__))
-    return root, os.path.relpath(site, root)
 
 
 @pytest.fixture

@@ -170,14 +170,14 @@ class DirectoryStore(object):
     def save_identity(self, identity):
         """Record what a producer can emit, so a machine without it can still resolve targets."""
         path = os.path.join(self.base, identity.producer, "identity.json")
-        data = identity.to_json()
+        blob = json.dumps(identity.to_json(), sort_keys=True).encode("utf-8")
         try:
-            if json.loads(_fsutil.read_file(path).decode("utf-8")) == data:
-                return
-        except (OSError, ValueError):
+            if _fsutil.read_file(path) == blob:
+                return  # the usual case: written by an earlier miss; spare the fsync
+        except OSError:
             pass
         _fsutil.make_private_dirs(os.path.dirname(path))
-        _fsutil.write_atomic(path, json.dumps(data, sort_keys=True).encode("utf-8"))
+        _fsutil.write_atomic(path, blob)
 
     def identities(self):
         """``CompilerIdentity`` of every producer that has entries here, newest first."""

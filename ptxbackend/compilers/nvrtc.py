@@ -394,6 +394,37 @@ def _failure_hint(result, log, identity):
     return ""
 
 
+
+_uselocale = []
+
+
+class _thread_locale_kept(object):
+    """Give the calling thread its locale back after an NVRTC call.
+
+    NVRTC 11.x switches the thread to the C locale with uselocale() and leaves it
+    there, which turns Python's default text encoding into ASCII for the rest of
+    the thread (open() then fails on UTF-8 files).
+    """
+
+    def __enter__(self):
+        if not _uselocale:
+            try:
+                function = ctypes.CDLL(None).uselocale
+                function.restype = ctypes.c_void_p
+                function.argtypes = [ctypes.c_void_p]
+            except (OSError, AttributeError):  # not glibc: nothing to guard
+                function = None
+            _uselocale.append(function)
+        self._function = _uselocale[0]
+        self._saved = self._function(None) if self._function else None
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._function:
+            self._function(self._saved)
+        return False
+
+
 class NvrtcCompiler(Compiler):
     """Compiles with NVRTC: PTX for ``compute_XY``, cubin for ``sm_XY`` (NVRTC 11.1+).
 
@@ -475,7 +506,8 @@ class NvrtcCompiler(Compiler):
                                command=command, returncode=result)
         try:
             array = (ctypes.c_char_p * len(encoded))(*encoded)
-            result = library.nvrtcCompileProgram(program, len(encoded), array)
+            with _thread_locale_kept():
+                result = library.nvrtcCompileProgram(program, len(encoded), array)
             if result != _SUCCESS:
                 log = self._log(library, program)
                 raise CompileError(
