@@ -7,6 +7,7 @@ a missing toolkit fails the test instead of skipping it.
 """
 
 import glob
+import logging
 import os
 import shutil
 import subprocess
@@ -168,3 +169,22 @@ def hook_venv(tmp_path_factory, hook_wheel):
     for module in (filelock, platformdirs):
         shutil.copytree(os.path.dirname(module.__file__), os.path.join(site, module.__name__))
     return root, os.path.relpath(site, root)
+
+
+def figures(name, **values):
+    """One line of figures from a reliability test (shown with -s; quoted in docs/reliability.md)."""
+    print("reliability: %s: %s" % (name, ", ".join("%s=%s" % item for item in sorted(values.items()))))
+
+
+class Captured(logging.Handler):
+    """Collects log records: the 'ptxbackend' logger does not propagate, so caplog sees nothing."""
+
+    def __init__(self):
+        logging.Handler.__init__(self, logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def warnings(self):
+        return [r.getMessage() for r in self.records if r.levelno >= logging.WARNING]

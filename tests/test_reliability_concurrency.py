@@ -16,7 +16,7 @@ import pytest
 import ptxbackend
 from ptxbackend import engine
 from ptxbackend.errors import CacheError
-from conftest import REPO, count_calls
+from conftest import REPO, count_calls, figures
 
 pytestmark = pytest.mark.reliability
 
@@ -49,10 +49,6 @@ with store.lock(sys.argv[2]):
     print("locked", flush=True)
     time.sleep(600)
 '''
-
-
-def figures(name, **values):
-    print("reliability: %s: %s" % (name, ", ".join("%s=%s" % item for item in sorted(values.items()))))
 
 
 def kernel(i):

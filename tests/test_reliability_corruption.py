@@ -15,6 +15,8 @@ import signal
 import struct
 
 import pytest
+
+from conftest import figures, Captured
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ptxbackend
@@ -35,19 +37,6 @@ extern "C" __global__ void scale(float a, float* y, int n)
     if (i < n) y[i] = a * y[i];
 }
 '''
-
-
-def figures(name, **values):
-    print("reliability: %s: %s" % (name, ", ".join("%s=%s" % item for item in sorted(values.items()))))
-
-
-class Captured(logging.Handler):
-    def __init__(self):
-        logging.Handler.__init__(self, logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
 
 
 @contextlib.contextmanager

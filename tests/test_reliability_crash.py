@@ -20,16 +20,12 @@ import pytest
 import ptxbackend
 from ptxbackend import engine
 from ptxbackend.cache import entry
-from conftest import REPO
+from conftest import REPO, figures
 
 pytestmark = pytest.mark.reliability
 
 STORE_KILLS = 300
 ENGINE_KILLS = 12
-
-
-def figures(name, **values):
-    print("reliability: %s: %s" % (name, ", ".join("%s=%s" % item for item in sorted(values.items()))))
 
 
 def kernel(i, unroll=1):

@@ -14,16 +14,12 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, figures
 
 pytestmark = pytest.mark.reliability
 
 GARBAGE = [b"garbage", b"", b" ", b"-1", b"0", b"1", b"nan", b"9" * 4000, b"\xff\xfe\x80", u"\u00e9\u2603".encode("utf-8"),
            b"\x01\x1b[31mred", b"../../etc/passwd", b"1G; rm -rf /", b"%s%n%d", b"line\nbreak", u"\u00b2G".encode("utf-8")]
-
-
-def figures(name, **values):
-    print("reliability: %s: %s" % (name, ", ".join("%s=%s" % item for item in sorted(values.items()))))
 
 
 def documented_variables():

@@ -22,7 +22,7 @@ import pytest
 import ptxbackend
 from ptxbackend import engine
 from ptxbackend.cache import entry
-from conftest import REPO, count_calls
+from conftest import Captured, REPO, count_calls, figures
 
 pytestmark = pytest.mark.reliability
 
@@ -30,26 +30,10 @@ NOBODY = 65534
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def figures(name, **values):
-    print("reliability: %s: %s" % (name, ", ".join("%s=%s" % item for item in sorted(values.items()))))
-
-
 def kernel(tag):
     """A tiny distinct kernel: a new request key for each tag."""
     return 'extern "C" __global__ void k(float* y) { y[threadIdx.x] += %d.0f; } // %s\n' % (
         len(tag), tag)
-
-
-class Captured(logging.Handler):
-    def __init__(self):
-        logging.Handler.__init__(self, logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-    def warnings(self):
-        return [r.getMessage() for r in self.records if r.levelno >= logging.WARNING]
 
 
 @contextlib.contextmanager

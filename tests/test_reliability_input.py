@@ -11,6 +11,8 @@ import os
 
 import pytest
 
+from conftest import figures
+
 import ptxbackend
 from ptxbackend import config, engine
 from ptxbackend.errors import CompileError, CompilerNotFoundError, PtxBackendError, TargetError
@@ -19,10 +21,6 @@ pytestmark = pytest.mark.reliability
 
 GOOD = 'extern "C" __global__ void good(float* y) { y[threadIdx.x] *= 2.0f; } // %d\n'
 BAD_SOURCE = 'extern "C" __global__ void bad(float* y) { y[0] = undeclared_thing + ; }\n'
-
-
-def figures(name, **values):
-    print("reliability: %s: %s" % (name, ", ".join("%s=%s" % item for item in sorted(values.items()))))
 
 
 def cache_files(root):
