@@ -1,21 +1,79 @@
-"""ptxbackend's start-up hook, run by ``ptxbackend.pth`` in every Python process.
+"""ptxbackend's start-up hook, run through ``ptxbackend.pth`` in every Python process.
 
 It runs in every interpreter of the environment, pip's included, so it does
 almost nothing: it sizes the driver's JIT cache (an environment variable libcuda
 reads when it initialises) and registers an import hook that hands
 ``cupy.cuda`` and ``cupy.cuda.compiler`` to ptxbackend once they have finished
-importing.  It imports nothing beyond ``os`` and ``sys`` (already loaded at
-start-up), never CuPy, and it never lets an error escape: the interpreter must
-start whatever happens here.  At most one line goes to stderr per process.
+importing.  It never imports CuPy, and it never lets an error escape: the
+interpreter must start whatever happens here.  At most one line goes to stderr
+per process.
+
+Even importing this module costs about a millisecond at every start (a first
+look into site-packages), so the ``.pth`` line does the common case itself:
+:data:`PTH_CODE` sets the cache size and registers a placeholder finder that
+imports this module only when CuPy is imported.  :func:`pth_line` renders it;
+``ptxbackend.pth`` must equal that line (a test checks).
 
 This is a top-level module, not part of the ``ptxbackend`` package, so that
-starting Python does not import the package.
+the hook never imports the package before CuPy is imported.
 """
 
 import os
 import sys
 
 WATCHED = ("cupy.cuda.compiler", "cupy.cuda")
+
+# Run by the .pth line with os and sys imported.  The rare cases (a size to parse,
+# a broken install) go through this module's start(), which reports them.
+PTH_CODE = """\
+def _ptxbackend_boot():
+    try:
+        import _ptxbackend_boot as boot
+        boot.start, boot.CupyWatcher  # an empty or truncated module fails here, once
+        return boot
+    except ImportError:
+        return None
+    except Exception as exc:
+        sys.modules["_ptxbackend_boot"] = None
+        sys.stderr.write("ptxbackend: start-up hook: cannot load _ptxbackend_boot (%s: %s); reinstall "
+                         "ptxbackend\\n" % (type(exc).__name__, str(exc).replace("\\n", " ")))
+
+
+class PtxbackendPlaceholder(object):
+    ptxbackend_watcher = True
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in ("cupy.cuda", "cupy.cuda.compiler"):
+            return None
+        sys.meta_path.remove(self)
+        boot = _ptxbackend_boot()
+        if boot is None:
+            return None
+        boot.start()
+        return boot.CupyWatcher().find_spec(name, path, target)
+
+
+if os.environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on") \\
+        or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
+    pass
+elif os.environ.get("PTXBACKEND_JIT_CACHE_MAXSIZE"):
+    _boot = _ptxbackend_boot()
+    if _boot is not None:
+        _boot.start()
+else:
+    if not os.environ.get("CUDA_CACHE_MAXSIZE"):
+        os.environ["CUDA_CACHE_MAXSIZE"] = "4294967296"
+    sys.meta_path.insert(0, PtxbackendPlaceholder())
+"""
+
+
+def pth_line():
+    """The one line of ptxbackend.pth: site executes lines that start with ``import``."""
+    # A namespace of its own: functions defined by a bare exec() inside site.addpackage
+    # would look their names up in site's globals.
+    return "import os, sys; exec(%r, {'os': os, 'sys': sys})\n" % PTH_CODE
+
+
 JIT_CACHE_DEFAULT = 4 << 30  # the driver's maximum: cuDNN's JIT output alone is hundreds of MB
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _reported = []

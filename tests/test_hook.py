@@ -7,6 +7,8 @@ import zipfile
 
 import pytest
 
+from conftest import REPO
+
 
 HOOK_STATE = ("import sys, os; print(any(getattr(f, 'ptxbackend_watcher', False) for f in sys.meta_path), "
               "os.environ.get('CUDA_CACHE_MAXSIZE'))")
@@ -67,13 +69,19 @@ def test_python_S_runs_no_hook_and_I_does(venv):
     assert run(python, "-I", "-c", HOOK_STATE).stdout.split()[0] == "True"
 
 
-def test_hook_imports_nothing_but_itself(venv):
+def test_hook_imports_nothing_at_start(venv):
     python, _ = venv
     code = "import sys; print(' '.join(sorted(sys.modules)))"
     with_hook = set(run(python, "-c", code).stdout.split())
     without = set(run(python, "-c", code, PTXBACKEND_DISABLE="1").stdout.split())
-    assert with_hook - without == set()  # the module is imported in both; start() imports nothing more
-    assert "_ptxbackend_boot" in with_hook and "ptxbackend" not in with_hook and "ctypes" not in with_hook
+    assert with_hook == without  # not even its own module: that waits for CuPy
+    assert "_ptxbackend_boot" not in with_hook and "ptxbackend" not in with_hook
+
+
+def test_pth_file_is_the_rendered_line():
+    import _ptxbackend_boot
+    with open(os.path.join(REPO, "ptxbackend.pth")) as handle:
+        assert handle.read() == _ptxbackend_boot.pth_line()
 
 
 @pytest.mark.parametrize("value", ["", "garbage", "-5", "9999999999999G", "\u00e9"])
