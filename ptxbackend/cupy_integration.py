@@ -142,6 +142,7 @@ def _load(compiler_module, artifact):
             raise
         log.warning("ptxbackend: the driver rejected the cached JIT cubin of %s (%s); loading its PTX",
                     artifact.key[:12], exc)
+        engine.discard_jit(artifact, "rejected by the driver")
         # CuPy hands the bytes to cuModuleLoadData as a C string: terminate the PTX.
         module.load(bytes(artifact.image).rstrip(b"\0") + b"\0")
     return module

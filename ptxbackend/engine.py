@@ -113,17 +113,18 @@ def _compiler(settings, kind, store):
     return found
 
 
-def device_compute_capability(settings, device_cc=None):
-    """The compute capability to build for: argument, PTXBACKEND_DEVICE_CC, or the current GPU."""
-    chosen = device_cc if device_cc is not None else settings.device_cc
-    if chosen is not None:
-        return parse_cc(chosen)
-    if not driver.available():
-        return None
+def _current_device_cc():
     ordinal = driver.current_device()
     if ordinal not in _device_ccs:
         _device_ccs[ordinal] = driver.compute_capability(ordinal)
     return _device_ccs[ordinal]
+
+
+def device_compute_capability(settings):
+    """The compute capability to build for: argument or PTXBACKEND_DEVICE_CC, else the current GPU's."""
+    if settings.device_cc is not None:
+        return parse_cc(settings.device_cc)
+    return _current_device_cc() if driver.available() else None
 
 
 def _metadata(key, target, producer, options, level, **extra):
@@ -227,12 +228,9 @@ def loadable_image(artifact, cubin_cache=None):
         cubin_cache = load_settings().cubin_cache
     if artifact.kind != "ptx" or not cubin_cache or artifact.store is None:
         return artifact.image, artifact.kind
-    ordinal = driver.current_device()
-    cc = _device_ccs.get(ordinal)
-    if cc is None:
-        cc = _device_ccs[ordinal] = driver.compute_capability(ordinal)
+    cc = _current_device_cc()
     store = artifact.store
-    path = store.jit_path(artifact.producer, artifact.target, artifact.key, cc, driver.driver_build())
+    path = _jit_path(artifact)
     found = store.read(path, artifact.key, "cubin")
     if found is not None:
         return found[0], "cubin"
@@ -243,6 +241,17 @@ def loadable_image(artifact, cubin_cache=None):
     except OSError as exc:
         store.note_unwritable(exc)
     return cubin, "cubin"
+
+
+def _jit_path(artifact):
+    return artifact.store.jit_path(artifact.producer, artifact.target, artifact.key, _current_device_cc(),
+                                   driver.driver_build())
+
+
+def discard_jit(artifact, why):
+    """Remove the cached JIT cubin of a PTX ``artifact`` for the current device (the driver rejected it)."""
+    if artifact.kind == "ptx" and artifact.store is not None:
+        artifact.store._discard(_jit_path(artifact), why)
 
 
 def load(artifact_or_source, options=(), **compile_args):
@@ -262,10 +271,7 @@ def load(artifact_or_source, options=(), **compile_args):
         if kind == "cubin" and artifact.kind == "ptx":
             log.warning("ptxbackend: cached JIT cubin for %s rejected by the driver (%s); rebuilding",
                         artifact.key[:12], exc.name)
-            path = artifact.store.jit_path(artifact.producer, artifact.target, artifact.key,
-                                           driver.compute_capability(driver.current_device()),
-                                           driver.driver_build())
-            artifact.store._discard(path, "rejected by the driver")
+            discard_jit(artifact, "rejected by the driver")
             image, kind = loadable_image(artifact)
             module = driver.load_module(image, kind)
         else:
