@@ -238,3 +238,23 @@ def test_train_on_cpu_through_the_launcher(tmp_path):
     assert result["meta"]["cudnn_enabled"] is False
     with open(record_path) as handle:
         assert json.load(handle)["compiles"] == []  # no GPU work: no kernel
+
+
+def test_harness_figures_feed_the_benchmarks(tmp_path):
+    """The per-kernel times the harness writes are what `benchmarks/run.py --legacy-results` reads."""
+    import types
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    sys.path.insert(0, os.path.join(REPO, "tests", "legacy"))
+    try:
+        import bench_warm
+        import harness
+    finally:
+        del sys.path[:2]
+    fake = types.SimpleNamespace(out=str(tmp_path), summary={"steps": {
+        "c": {"warm": {"ms_per_kernel": {"median": 3.07, "min": 2.9, "max": 3.3, "reps": 34}}},
+        "e": {"warm": {"ms_per_kernel": {"median": 0.2, "min": 0.1, "max": 0.4, "reps": 34}}}}})
+    harness.Harness.write_benchmark_figures(fake)
+    with open(str(tmp_path / "legacy-bench.json")) as handle:
+        data = json.load(handle)
+    assert set(data["benchmarks"]) == {"stock_warm_ms_per_kernel", "ptxbackend_warm_ms_per_kernel"}
+    assert bench_warm.normalize_legacy(data, "legacy-bench.json")

@@ -159,6 +159,12 @@ class Harness(object):
                "gpu_seconds": meta.get("gpu_seconds"), "gpu_first_step_seconds": meta.get("gpu_first_step_seconds"),
                "kernels_requested": len((record or {}).get("compiles", [])),
                "kernel_request_seconds": round(sum(c.get("seconds", 0) for c in (record or {}).get("compiles", [])), 3)}
+        per_kernel = sorted(1e3 * c["seconds"] for c in (record or {}).get("compiles", []) if "seconds" in c)
+        if per_kernel:
+            # compile_with_cache per call, as Chainer sees it (benchmarks/run.py --legacy-results reads these)
+            out["ms_per_kernel"] = {"median": round(per_kernel[len(per_kernel) // 2], 4),
+                                    "min": round(per_kernel[0], 4), "max": round(per_kernel[-1], 4),
+                                    "reps": len(per_kernel)}
         if nvcc_log is not None:
             calls = lines_of(nvcc_log)
             out["nvcc_processes"] = len(calls)
@@ -325,6 +331,18 @@ class Harness(object):
                    "kernel requests)" % (len(ptx), b_kernels))
         self.check("d", count_files(kernel_cache) == 0, "~/.cupy/kernel_cache stays empty (%s: %d files)"
                    % (kernel_cache, count_files(kernel_cache)))
+
+    def write_benchmark_figures(self):
+        """$OUT/legacy-bench.json: per-kernel compile_with_cache times for `benchmarks/run.py --legacy-results`."""
+        steps = self.summary["steps"]
+        figures = {}
+        for key, step, part in (("stock_warm_ms_per_kernel", "c", "warm"), ("ptxbackend_warm_ms_per_kernel", "e", "warm"),
+                                ("stock_cold_ms_per_kernel", "c", "cold"), ("ptxbackend_cold_ms_per_kernel", "b", "cold")):
+            value = steps.get(step, {}).get(part, {}).get("ms_per_kernel")
+            if value:
+                figures[key] = value
+        with open(os.path.join(self.out, "legacy-bench.json"), "w") as handle:
+            json.dump({"benchmarks": figures}, handle, indent=1)
 
     def step_e(self):
         s = self.summary["steps"].setdefault("e", {})
@@ -525,6 +543,7 @@ class Harness(object):
             self.summary["seconds"] = round(time.time() - T_START, 1)
             with open(os.path.join(self.out, "legacy.json"), "w") as handle:
                 json.dump(self.summary, handle, indent=1, default=str)
+            self.write_benchmark_figures()
             lines = ["legacy harness: %s in %.0f s" % ("PASSED" if self.summary["ok"] else "FAILED",
                                                       self.summary["seconds"])]
             for step, data in sorted(self.summary["steps"].items()):
