@@ -45,7 +45,7 @@ class Artifact(object):
     """
 
     __slots__ = ("image", "kind", "target", "producer", "key", "path", "cache_hit", "reason",
-                 "device_cc", "store")
+                 "device_cc", "store", "cubin_cache")
 
     def __init__(self, image, kind, target, producer, key, path, cache_hit, reason, device_cc, store):
         self.image = image
@@ -58,6 +58,7 @@ class Artifact(object):
         self.reason = reason
         self.device_cc = device_cc
         self.store = store
+        self.cubin_cache = True  # PTXBACKEND_CUBIN_CACHE as compile() saw it: spares load() a settings read
 
     def __repr__(self):
         return "<Artifact %s %s by %s, %d bytes, %s>" % (
@@ -157,6 +158,7 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
     settings = load_settings(target=target, compiler=compiler, device_cc=device_cc, cache_dir=cache_dir)
     options = tuple(str(o) for o in options)
     artifact = _compile(settings, source, options, compiler, name)
+    artifact.cubin_cache = settings.cubin_cache
     if os.environ.get(RECORD_ENV):
         record_request(artifact.key, source, options, str(settings.target), artifact.producer.split("-")[0],
                        name)
@@ -222,10 +224,11 @@ def loadable_image(artifact, cubin_cache=None):
 
     For PTX with the cubin level on, this is the driver's JIT output for this
     device and driver, from the cache or linked now and stored: the JIT is paid
-    once per machine, not once per process.
+    once per machine, not once per process.  ``cubin_cache`` defaults to the
+    PTXBACKEND_CUBIN_CACHE setting in force when the artifact was compiled.
     """
     if cubin_cache is None:
-        cubin_cache = load_settings().cubin_cache
+        cubin_cache = artifact.cubin_cache
     if artifact.kind != "ptx" or not cubin_cache or artifact.store is None:
         return artifact.image, artifact.kind
     cc = _current_device_cc()

@@ -59,6 +59,10 @@ def _check(status, call):
         raise RuntimeError("%s returned status %d" % (call, status))
 
 
+# Creating a handle initialises the library's runtime, which loads (and so JIT-compiles) its modules.
+_HANDLE_CALLS = {"cublas": ("cublasCreate_v2", "cublasDestroy_v2"), "cudnn": ("cudnnCreate", "cudnnDestroy")}
+
+
 def _initialise(kind, lib):
     """Make the library run its kernels' module load (and so the JIT); return the first call's seconds."""
     from . import driver
@@ -74,17 +78,12 @@ def _initialise(kind, lib):
             elapsed = time.perf_counter() - started
         lib.curandDestroyGenerator(handle)
         return elapsed
-    if kind == "cublas":
+    if kind in _HANDLE_CALLS:
+        create, destroy = _HANDLE_CALLS[kind]
         started = time.perf_counter()
-        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate_v2")
+        _check(getattr(lib, create)(ctypes.byref(handle)), create)
         elapsed = time.perf_counter() - started
-        lib.cublasDestroy_v2(handle)
-        return elapsed
-    if kind == "cudnn":
-        started = time.perf_counter()
-        _check(lib.cudnnCreate(ctypes.byref(handle)), "cudnnCreate")
-        elapsed = time.perf_counter() - started
-        lib.cudnnDestroy(handle)
+        getattr(lib, destroy)(handle)
         return elapsed
     return 0.0
 

@@ -188,3 +188,12 @@ class Captured(logging.Handler):
 
     def warnings(self):
         return [r.getMessage() for r in self.records if r.levelno >= logging.WARNING]
+
+
+def cache_files(root):
+    """Entry files and temporary files under a cache root (what a failure must not leave behind)."""
+    found = []
+    for base, _dirs, files in os.walk(str(root)):
+        found.extend(os.path.join(base, f) for f in files
+                     if f.endswith((".ptx", ".cubin", ".fatbin")) or f.startswith(".tmp-"))
+    return sorted(found)

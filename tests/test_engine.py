@@ -8,7 +8,7 @@ import pytest
 
 import ptxbackend
 from ptxbackend.errors import CompileError, CompilerNotFoundError, TargetError
-from conftest import SAXPY, count_calls, run_python
+from conftest import SAXPY, cache_files, count_calls, run_python
 
 
 def test_nvcc13_builds_native_cubin_for_h200(nvcc13):
@@ -140,10 +140,7 @@ def test_failed_compile_leaves_nothing_behind(nvcc13, tmp_path):
     with pytest.raises(CompileError) as info:
         ptxbackend.compile('extern "C" __global__ void k() { this is not cuda; }', target="compute_75")
     assert "error" in info.value.log and info.value.returncode != 0
-    cache = tmp_path / "cache"
-    leftovers = [os.path.join(b, f) for b, _d, fs in os.walk(str(cache)) for f in fs
-                 if f.endswith((".ptx", ".cubin", ".fatbin")) or f.startswith(".tmp")]
-    assert leftovers == []
+    assert cache_files(tmp_path / "cache") == []
     assert ptxbackend.compile(SAXPY, target="compute_75").kind == "ptx"  # the next call works
 
 

@@ -22,7 +22,7 @@ import pytest
 import ptxbackend
 from ptxbackend import engine
 from ptxbackend.cache import entry
-from conftest import Captured, REPO, count_calls, figures
+from conftest import Captured, REPO, cache_files, count_calls, figures
 
 pytestmark = pytest.mark.reliability
 
@@ -82,17 +82,8 @@ def read_only(path):
         subprocess.check_call(["umount", path])
 
 
-def leftovers(root):
-    """Entry files and temporary files under ``root``."""
-    found = []
-    for base, _dirs, files in os.walk(str(root)):
-        found.extend(os.path.join(base, f) for f in files
-                     if f.endswith((".ptx", ".cubin", ".fatbin")) or f.startswith(".tmp-"))
-    return sorted(found)
-
-
 def temporaries(root):
-    return [p for p in leftovers(root) if os.path.basename(p).startswith(".tmp-")]
+    return [p for p in cache_files(root) if os.path.basename(p).startswith(".tmp-")]
 
 
 # -- read-only -----------------------------------------------------------------------------------
@@ -102,7 +93,7 @@ def test_read_only_cache_dir_falls_back_to_a_temporary_cache_with_one_warning(nv
     monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(cache))
     first = ptxbackend.compile(kernel("cached before"), target="compute_75")
     engine._reset_for_tests()  # a new process finds the directory read-only
-    before = leftovers(cache)
+    before = cache_files(cache)
     with read_only(cache) as how, captured() as log:
         hit = ptxbackend.compile(kernel("cached before"), target="compute_75")
         fresh = [ptxbackend.compile(kernel("new %d" % i), target="compute_75") for i in range(3)]
@@ -112,7 +103,7 @@ def test_read_only_cache_dir_falls_back_to_a_temporary_cache_with_one_warning(nv
     assert not hit.cache_hit and hit.image == first.image  # the private store starts empty
     assert all(a.kind == "ptx" and not a.cache_hit for a in fresh)
     assert again.cache_hit and not again.path.startswith(str(cache))  # the temporary cache works
-    assert leftovers(cache) == before
+    assert cache_files(cache) == before
     figures("read-only cache dir at start", method=how, compiles=5, warnings=len(warnings), exceptions=0)
 
 
@@ -154,7 +145,7 @@ def test_cache_turning_read_only_after_open_degrades_with_one_warning(nvcc13, tm
     cache = tmp_path / "cache"
     monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(cache))
     first = ptxbackend.compile(kernel("before"), target="compute_75")  # the store is open now
-    before = leftovers(cache)
+    before = cache_files(cache)
     with read_only(cache) as how, captured() as log:
         hit = ptxbackend.compile(kernel("before"), target="compute_75")
         fresh = [ptxbackend.compile(kernel("after %d" % i), target="compute_75") for i in range(3)]
@@ -163,7 +154,7 @@ def test_cache_turning_read_only_after_open_degrades_with_one_warning(nvcc13, tm
     assert hit.cache_hit and hit.image == first.image
     assert all(not a.cache_hit and a.kind == "ptx" for a in fresh + [again])  # nothing could be stored
     assert len(warnings) == 1 and "cannot write to the cache" in warnings[0], warnings
-    assert leftovers(cache) == before
+    assert cache_files(cache) == before
     after = ptxbackend.compile(kernel("after 0"), target="compute_75")  # writable again: stored
     assert not after.cache_hit and ptxbackend.compile(kernel("after 0"), target="compute_75").cache_hit
     figures("cache read-only after open", method=how, compiles=6, warnings=len(warnings), exceptions=0)

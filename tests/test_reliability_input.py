@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from conftest import figures
+from conftest import cache_files, figures
 
 import ptxbackend
 from ptxbackend import config, engine
@@ -21,14 +21,6 @@ pytestmark = pytest.mark.reliability
 
 GOOD = 'extern "C" __global__ void good(float* y) { y[threadIdx.x] *= 2.0f; } // %d\n'
 BAD_SOURCE = 'extern "C" __global__ void bad(float* y) { y[0] = undeclared_thing + ; }\n'
-
-
-def cache_files(root):
-    found = []
-    for base, _dirs, files in os.walk(str(root)):
-        found.extend(os.path.join(base, f) for f in files
-                     if f.endswith((".ptx", ".cubin", ".fatbin")) or f.startswith(".tmp-"))
-    return sorted(found)
 
 
 def _not_nvrtc_library():
