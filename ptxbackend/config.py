@@ -67,6 +67,11 @@ KNOBS = {
 }
 
 _file_cache = {}
+_settings_cache = {}
+_SETTINGS_CACHE_LIMIT = 64
+# Besides the knobs, what the defaults depend on (the config file's and the cache's default places).
+_CONTEXT_ENV = ("PTXBACKEND_CONFIG", "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")
+_logging_level = []
 
 
 def config_file_path():
@@ -121,8 +126,39 @@ class Settings(object):
 
 
 def load_settings(**overrides):
-    """Resolve every knob.  ``overrides`` (non-``None`` values) win over everything."""
+    """Resolve every knob.  ``overrides`` (non-``None`` values) win over everything.
+
+    Every compile() asks, so the answer is remembered for as long as the
+    environment variables it depends on and the config file's stat stay the
+    same: a changed variable or an edited file is seen on the next call.
+    """
+    environ = os.environ
+    marker = (tuple(environ.get(env) for env, _default, _parse in KNOBS.values()),
+              tuple(environ.get(name) for name in _CONTEXT_ENV),
+              tuple(sorted((k, v) for k, v in overrides.items() if v is not None)))
+    cached = _settings_cache.get(marker)
+    if cached is not None and cached[0] == _file_stamp(cached[1]):
+        return cached[2]
     file_path = config_file_path()
+    settings = _resolve(overrides, file_path)
+    if len(_settings_cache) >= _SETTINGS_CACHE_LIMIT:
+        _settings_cache.clear()
+    try:
+        _settings_cache[marker] = (_file_stamp(file_path), file_path, settings)
+    except TypeError:  # an unhashable override value: resolve it every time
+        pass
+    return settings
+
+
+def _file_stamp(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime, st.st_size, st.st_ino)
+
+
+def _resolve(overrides, file_path):
     from_file = _file_values(file_path)
     values = {}
     origins = {}
@@ -150,6 +186,8 @@ def load_settings(**overrides):
 def configure_logging(level_name):
     """Send ptxbackend's log records to stderr at ``level_name`` (PTXBACKEND_LOG)."""
     logger = logging.getLogger("ptxbackend")
+    if _logging_level and _logging_level[0] == (level_name, logger.level, len(logger.handlers)):
+        return  # the hit path asks on every compile(); nothing changed since the last call
     level = getattr(logging, str(level_name or "warning").upper(), None)
     if not isinstance(level, int):
         level = logging.WARNING
@@ -160,3 +198,4 @@ def configure_logging(level_name):
         handler._ptxbackend = True
         logger.addHandler(handler)
         logger.propagate = False
+    _logging_level[:] = [(level_name, logger.level, len(logger.handlers))]

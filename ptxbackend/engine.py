@@ -26,6 +26,7 @@ _lock = threading.Lock()
 _stores = {}
 _compilers = {}
 _device_ccs = {}
+_choices = {}
 _warned = set()
 
 
@@ -44,11 +45,11 @@ class Artifact(object):
         device_cc: the compute capability the choice was made for (or ``None``).
     """
 
-    __slots__ = ("image", "kind", "target", "producer", "key", "path", "cache_hit", "reason",
-                 "device_cc", "store", "cubin_cache")
+    __slots__ = ("_image", "kind", "target", "producer", "key", "path", "cache_hit", "reason",
+                 "device_cc", "store", "cubin_cache", "jit", "_refetch")
 
     def __init__(self, image, kind, target, producer, key, path, cache_hit, reason, device_cc, store):
-        self.image = image
+        self._image = image
         self.kind = kind
         self.target = target
         self.producer = producer
@@ -59,10 +60,21 @@ class Artifact(object):
         self.device_cc = device_cc
         self.store = store
         self.cubin_cache = True  # PTXBACKEND_CUBIN_CACHE as compile() saw it: spares load() a settings read
+        self.jit = None  # (cc, driver build, cubin) found by compile() at the cubin level
+        self._refetch = None
+
+    @property
+    def image(self):
+        if self._image is None:
+            # A hit at the cubin level skipped reading the PTX; read it now that someone asks.
+            self._image = self._refetch()
+        return self._image
 
     def __repr__(self):
-        return "<Artifact %s %s by %s, %d bytes, %s>" % (
-            self.kind, self.target, self.producer, len(self.image), "hit" if self.cache_hit else "compiled")
+        return "<Artifact %s %s by %s, %s, %s>" % (
+            self.kind, self.target, self.producer,
+            "%d bytes" % len(self._image) if self._image is not None else "PTX not read",
+            "hit" if self.cache_hit else "compiled")
 
 
 def _warn_once(tag, message, *args):
@@ -112,6 +124,17 @@ def _compiler(settings, kind, store):
         with _lock:
             _compilers[marker] = found
     return found
+
+
+def _choose_target(spec, comp, cc):
+    """choose_target(), remembered per (spec, compiler, device): the hit path asks every time."""
+    marker = (str(spec), comp, cc)  # comp itself: the dict keeps it alive, so no id is reused
+    chosen = _choices.get(marker)
+    if chosen is None:
+        chosen = choose_target(spec, comp.identity, cc)
+        with _lock:
+            _choices[marker] = chosen
+    return chosen
 
 
 def _current_device_cc():
@@ -165,16 +188,18 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
     return artifact
 
 
-def _compile(settings, source, options, compiler, name):
+def _compile(settings, source, options, compiler, name, jit_first=True):
     configure_logging(settings.log)
     store = open_store(settings)
     cc = device_compute_capability(settings)
+    # On a warm start with the cubin level on, the JIT cubin is all load() needs: look for it first.
+    jit_first = jit_first and settings.cubin_cache and settings.device_cc is None and cc is not None
     headers = header_fingerprint(include_dirs(options), os.path.join(store.meta_dir, "headers"))
     try:
         comp = _compiler(settings, compiler, store)
     except CompilerNotFoundError as missing:
         return _from_cache_only(store, source, options, settings.target, cc, headers, missing)
-    chosen, reason = choose_target(settings.target, comp.identity, cc)
+    chosen, reason = _choose_target(settings.target, comp, cc)
     if chosen.output_kind not in comp.output_kinds:
         raise TargetError("%s cannot produce a %s (target %s); use nvcc (PTXBACKEND_COMPILER=nvcc) "
                           "or a target it supports: %s" % (comp.identity.producer, chosen.output_kind,
@@ -182,6 +207,12 @@ def _compile(settings, source, options, compiler, name):
     key = request_key(source, options, chosen, headers)
     producer = comp.identity.producer
     path = store.entry_path(producer, chosen, key, chosen.output_kind)
+    if jit_first:
+        artifact = _jit_hit(store, chosen, producer, key, path, reason, cc)
+        if artifact is not None:
+            # The PTX entry is read only if asked for (artifact.image), through the usual path.
+            artifact._refetch = lambda: _compile(settings, source, options, compiler, name, False).image
+            return artifact
     found = store.read(path, key, chosen.output_kind)
     if found is None:
         with store.lock(path):
@@ -198,6 +229,19 @@ def _compile(settings, source, options, compiler, name):
                                 cc, store)
     log.debug("ptxbackend: cache hit %s", path)
     return Artifact(found[0], chosen.output_kind, chosen, producer, key, path, True, reason, cc, store)
+
+
+def _jit_hit(store, target, producer, key, path, reason, cc):
+    if target.output_kind != "ptx":
+        return None
+    build = driver.driver_build()
+    found = store.read(store.jit_path(producer, target, key, cc, build), key, "cubin")
+    if found is None:
+        return None
+    log.debug("ptxbackend: cache hit %s (cubin level)", path)
+    artifact = Artifact(None, "ptx", target, producer, key, path, True, reason, cc, store)
+    artifact.jit = (cc, build, found[0])
+    return artifact
 
 
 def _from_cache_only(store, source, options, target_spec, cc, headers, missing):
@@ -232,6 +276,8 @@ def loadable_image(artifact, cubin_cache=None):
     if artifact.kind != "ptx" or not cubin_cache or artifact.store is None:
         return artifact.image, artifact.kind
     cc = _current_device_cc()
+    if artifact.jit is not None and artifact.jit[0] == cc:
+        return artifact.jit[2], "cubin"
     store = artifact.store
     path = _jit_path(artifact)
     found = store.read(path, artifact.key, "cubin")
@@ -253,6 +299,7 @@ def _jit_path(artifact):
 
 def discard_jit(artifact, why):
     """Remove the cached JIT cubin of a PTX ``artifact`` for the current device (the driver rejected it)."""
+    artifact.jit = None
     if artifact.kind == "ptx" and artifact.store is not None:
         artifact.store._discard(_jit_path(artifact), why)
 
@@ -288,4 +335,5 @@ def _reset_for_tests():
         _stores.clear()
         _compilers.clear()
         _device_ccs.clear()
+        _choices.clear()
         _warned.clear()

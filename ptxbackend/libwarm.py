@@ -68,10 +68,12 @@ def _initialise(kind, lib):
     from . import driver
     handle = ctypes.c_void_p()
     if kind == "curand":
-        _check(lib.curandCreateGenerator(ctypes.byref(handle), 100), "curandCreateGenerator")
         n = 1 << 20
         with driver.DeviceBuffer(n * 4) as out:
+            # From creating the generator on: cuRAND loads its modules (the JIT) in the create
+            # call, not in the first generate, and a user waits for both.
             started = time.perf_counter()
+            _check(lib.curandCreateGenerator(ctypes.byref(handle), 100), "curandCreateGenerator")
             _check(lib.curandGenerateNormal(handle, ctypes.c_void_p(out.ptr), ctypes.c_size_t(n),
                                             ctypes.c_float(0.0), ctypes.c_float(1.0)), "curandGenerateNormal")
             driver.synchronize()

@@ -164,3 +164,61 @@ def test_cache_alone_serves_a_machine_without_compiler(nvcc13, monkeypatch, tmp_
     with pytest.raises(CompilerNotFoundError) as info:
         ptxbackend.compile(SAXPY + "// another kernel", device_cc="7.5")
     assert "no entry for this kernel" in str(info.value)
+
+
+def test_settings_follow_the_environment_and_the_config_file_between_calls(tmp_path, monkeypatch):
+    """load_settings() is remembered for the hit path, but never past a change of what it reads."""
+    from ptxbackend.config import load_settings
+    config = tmp_path / "config.ini"
+    monkeypatch.setenv("PTXBACKEND_CONFIG", str(config))
+    assert load_settings().target == "auto"
+    config.write_text("[ptxbackend]\ntarget = compute_75\n")
+    assert (load_settings().target, load_settings().origins["target"]) == ("compute_75", str(config))
+    config.write_text("[ptxbackend]\ntarget = compute_80,sm_90\n")
+    assert load_settings().target == "compute_80,sm_90"
+    monkeypatch.setenv("PTXBACKEND_TARGET", "compute_61")
+    assert (load_settings().target, load_settings().origins["target"]) == ("compute_61", "PTXBACKEND_TARGET")
+    assert load_settings(target="sm_86").target == "sm_86"
+    monkeypatch.delenv("PTXBACKEND_TARGET")
+    config.unlink()
+    assert load_settings().target == "auto"
+
+
+class _StandInDriver(object):
+    """Engine-logic check without a GPU: a device of cc 9.0 whose 'JIT' tags the PTX (the real
+    driver's part of this path runs in tests/test_gpu.py on the GPU machine)."""
+
+    def __init__(self, monkeypatch):
+        from ptxbackend import driver
+        self.links = 0
+        for name, value in dict(available=lambda: True, current_device=lambda: 0,
+                                compute_capability=lambda ordinal=0: 90, driver_build=lambda: "580.0-test",
+                                link_ptx=self.link).items():
+            monkeypatch.setattr(driver, name, value)
+
+    def link(self, ptx, name="kernel.ptx"):
+        self.links += 1
+        return b"JIT:" + bytes(ptx)
+
+
+def test_warm_hit_at_the_cubin_level_reads_the_ptx_only_when_asked(nvcc13, monkeypatch):
+    from ptxbackend import engine
+    stand_in = _StandInDriver(monkeypatch)
+    first = ptxbackend.compile(SAXPY, target="compute_75")
+    ptx = first.image
+    assert engine.loadable_image(first) == (b"JIT:" + ptx, "cubin") and stand_in.links == 1
+
+    engine._reset_for_tests()  # as a new process would start
+    warm = ptxbackend.compile(SAXPY, target="compute_75")
+    assert warm.cache_hit and warm.kind == "ptx" and "PTX not read" in repr(warm)
+    assert engine.loadable_image(warm) == (b"JIT:" + ptx, "cubin") and stand_in.links == 1
+    assert warm.image == ptx  # read on demand, from the PTX entry
+
+    os.unlink(first.path)  # pruned while its JIT cubin stayed
+    engine._reset_for_tests()
+    orphan = ptxbackend.compile(SAXPY, target="compute_75")
+    assert orphan.cache_hit and orphan.image == ptx and os.path.exists(first.path)  # rebuilt on demand
+
+    engine.discard_jit(orphan, "test")
+    assert orphan.jit is None
+    assert engine.loadable_image(orphan) == (b"JIT:" + ptx, "cubin") and stand_in.links == 2

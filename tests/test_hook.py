@@ -37,9 +37,9 @@ def run(python, *args, **env_changes):
 
 def test_wheel_puts_the_hook_in_site_packages(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"ptxbackend.pth", "ptxbackend.start", "_ptxbackend_boot.py"} <= set(names)
+    assert {"ptxbackend.pth", "ptxbackend.start", "_ptxbackend_boot.py", "_ptxbackend_pth.py"} <= set(names)
     with zipfile.ZipFile(wheel) as archive:
-        assert archive.read("ptxbackend.start").decode().strip() == "_ptxbackend_boot:start"
+        assert archive.read("ptxbackend.start").decode().strip() == "_ptxbackend_pth:install"
         line = archive.read("ptxbackend.pth").decode()
     assert line.startswith("import ") and line.count("\n") == 1
 
@@ -74,7 +74,8 @@ def test_hook_imports_nothing_at_start(venv):
     code = "import sys; print(' '.join(sorted(sys.modules)))"
     with_hook = set(run(python, "-c", code).stdout.split())
     without = set(run(python, "-c", code, PTXBACKEND_DISABLE="1").stdout.split())
-    assert with_hook == without  # not even its own module: that waits for CuPy
+    assert with_hook == without  # the tiny _ptxbackend_pth only; the boot module waits for CuPy
+    assert "_ptxbackend_pth" in with_hook
     assert "_ptxbackend_boot" not in with_hook and "ptxbackend" not in with_hook
 
 
@@ -104,13 +105,18 @@ def test_broken_cupy_does_not_break_python(venv, tmp_path):
 
 def test_half_uninstalled_package_is_silent(venv, tmp_path):
     python, site = venv
-    for name in ("_ptxbackend_boot.py",):
+    names = ("_ptxbackend_boot.py", "_ptxbackend_pth.py")
+    cache = os.path.join(site, "__pycache__")
+    for name in names:
         os.rename(os.path.join(site, name), os.path.join(str(tmp_path), name))
+    if os.path.isdir(cache):
+        os.rename(cache, os.path.join(str(tmp_path), "__pycache__"))
     try:
         proc = run(python, "-c", "pass")
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
     finally:
-        os.rename(os.path.join(str(tmp_path), "_ptxbackend_boot.py"), os.path.join(site, "_ptxbackend_boot.py"))
+        for name in names:
+            os.rename(os.path.join(str(tmp_path), name), os.path.join(site, name))
 
 
 def test_boot_module_without_package_reports_once_on_cupy_import(venv, tmp_path):

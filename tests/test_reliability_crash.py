@@ -47,7 +47,7 @@ def real_entries():
     found = []
     for i, unroll in enumerate((1, 1, 1, 400)):
         for target in ("compute_75", "sm_75"):
-            art = ptxbackend.compile(kernel(i, unroll), target=target)
+            art = ptxbackend.compile(kernel(i, unroll), target=target, device_cc="7.5")  # any GPU here
             with open(art.path, "rb") as handle:
                 payload, meta = entry.decode(handle.read(), art.key, art.kind)
             found.append((art.path, art.key, art.kind, payload, meta))

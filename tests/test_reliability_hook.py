@@ -121,7 +121,15 @@ def test_cupy_raising_on_import(venv, tmp_path, where):
 def _break(site, how):
     package = os.path.join(site, "ptxbackend")
     boot = os.path.join(site, "_ptxbackend_boot.py")
-    if how == "package removed":
+    pth_module = os.path.join(site, "_ptxbackend_pth.py")
+    if how == "start module removed":
+        os.unlink(pth_module)
+    elif how == "start module truncated":
+        with open(pth_module, "rb") as handle:
+            text = handle.read()
+        with open(pth_module, "wb") as handle:
+            handle.write(text[:len(text) // 2])
+    elif how == "package removed":
         shutil.rmtree(package)
     elif how == "boot module removed":
         os.unlink(boot)
@@ -145,7 +153,8 @@ def _break(site, how):
 
 
 HALF = ["package removed", "boot module removed", "only the .pth left", "package __init__ raises",
-        "cupy_integration removed", "boot module truncated", "boot module empty"]
+        "cupy_integration removed", "boot module truncated", "boot module empty", "start module removed",
+        "start module truncated"]
 
 
 @pytest.mark.parametrize("how", HALF)

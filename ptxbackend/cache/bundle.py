@@ -152,6 +152,6 @@ def import_bundle(store, source):
         except OSError:
             pass
         _fsutil.make_private_dirs(os.path.dirname(path))
-        _fsutil.write_atomic(path, data)
+        _fsutil.write_atomic(path, data, durable=True)
         added += is_entry
     return added, present

@@ -55,11 +55,11 @@ def decode(blob, expect_key=None, expect_kind=None):
     if HEADER_SIZE + meta_len + body_len != len(blob):
         raise CorruptEntry("header says %d bytes, file has %d"
                            % (HEADER_SIZE + meta_len + body_len, len(blob)))
-    body = blob[HEADER_SIZE:]
+    body = memoryview(blob)[HEADER_SIZE:]  # no copy of a large image just to hash it
     if hashlib.sha256(body).digest() != checksum:
         raise CorruptEntry("checksum mismatch")
     try:
-        metadata = json.loads(body[:meta_len].decode("utf-8"))
+        metadata = json.loads(bytes(body[:meta_len]).decode("utf-8"))
     except ValueError:
         raise CorruptEntry("metadata is not JSON")
     if not isinstance(metadata, dict):
@@ -68,4 +68,4 @@ def decode(blob, expect_key=None, expect_kind=None):
         raise CorruptEntry("entry belongs to key %r" % metadata.get("key"))
     if expect_kind is not None and metadata.get("kind") != expect_kind:
         raise CorruptEntry("entry holds %r, expected %r" % (metadata.get("kind"), expect_kind))
-    return body[meta_len:], metadata
+    return bytes(body[meta_len:]), metadata

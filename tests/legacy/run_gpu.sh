@@ -43,18 +43,23 @@ done
 nvcc13=/usr/local/cuda/bin/nvcc
 [ -x "$nvcc13" ] || nvcc13=$(command -v nvcc)
 export LEGACY_NVCC13=$nvcc13
-export LEGACY_NVCC112=
-if [ -f "$dev/nvcc112.tar.xz" ]; then
+# A toolkit unpacked by an earlier call on the same machine may be named instead of carried again.
+if [ -n "${LEGACY_NVCC112:-}" ] && [ -x "$LEGACY_NVCC112" ]; then
+  say "nvcc 11.2 given: $LEGACY_NVCC112"
+elif [ -f "$dev/nvcc112.tar.xz" ]; then
   mkdir -p /tmp/tk && tar -xJf "$dev/nvcc112.tar.xz" -C /tmp/tk && export LEGACY_NVCC112=/tmp/tk/nvcc112/bin/nvcc112
 else
+  export LEGACY_NVCC112=
   say "SKIP nvcc 11.2 steps (a, b, d, e): .device/nvcc112.tar.xz not carried"
 fi
-export LEGACY_NVRTC=
 nvrtc_whl=$(ls "$dev"/nvidia_cuda_nvrtc_cu11-11.7.99-*.whl "$legacy"/nvidia_cuda_nvrtc_cu11-11.7.99-*.whl 2>/dev/null | head -n 1)
-if [ -n "$nvrtc_whl" ]; then
+if [ -n "${LEGACY_NVRTC:-}" ] && [ -f "$LEGACY_NVRTC" ]; then
+  say "NVRTC 11.7 given: $LEGACY_NVRTC"
+elif [ -n "$nvrtc_whl" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$work/nvrtc" "$nvrtc_whl" &&
     export LEGACY_NVRTC=$(ls "$work"/nvrtc/nvidia/cuda_nvrtc/lib/libnvrtc.so.* | grep -v builtins | head -n 1)
 else
+  export LEGACY_NVRTC=
   say "SKIP step f (NVRTC 11.7): .device/nvidia_cuda_nvrtc_cu11-11.7.99-*.whl not carried (64 MiB per call: run it" \
       "in a second call, see README)"
 fi
