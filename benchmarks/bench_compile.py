@@ -58,7 +58,10 @@ def capture_cupy_kernels(ctx):
     record = os.path.join(ctx.ws.fresh("record"), "manifest.jsonl")
     env = benchutil.clean_env({"PTXBACKEND_RECORD": record, "PTXBACKEND_CACHE_DIR": ctx.ws.fresh("capture-cache"),
                                "PTXBACKEND_DISABLE": None, "CUPY_CACHE_DIR": ctx.ws.fresh("capture-cupy"),
-                               "CUDA_CACHE_PATH": ctx.ws.fresh("capture-jit")})
+                               "CUDA_CACHE_PATH": ctx.ws.fresh("capture-jit"),
+                               # CuPy's CUB reduction builds templates through name_expressions, which
+                               # ptxbackend hands back to CuPy: ask for its plain reduction kernel.
+                               "CUPY_ACCELERATORS": ""})
     if "path" in ctx.toolkits.get("nvrtc13", {}):
         env["PTXBACKEND_NVRTC"] = ctx.toolkits["nvrtc13"]["path"]
     result = benchutil.spawn("bench_compile", "capture_child", {}, env, timeout=600)

@@ -83,12 +83,11 @@ def config_file_path():
 
 
 def _file_values(path):
-    try:
-        mtime = os.stat(path).st_mtime
-    except OSError:
+    stamp = _file_stamp(path)
+    if stamp is None:
         return {}
     cached = _file_cache.get(path)
-    if cached and cached[0] == mtime:
+    if cached and cached[0] == stamp:
         return cached[1]
     import configparser
     parser = configparser.ConfigParser()
@@ -104,7 +103,7 @@ def _file_values(path):
         logging.getLogger("ptxbackend").warning(
             "ptxbackend: unknown keys in %s ignored: %s (known: %s)",
             path, ", ".join(unknown), ", ".join(sorted(KNOBS)))
-    _file_cache[path] = (mtime, values)
+    _file_cache[path] = (stamp, values)
     return values
 
 
@@ -136,17 +135,19 @@ def load_settings(**overrides):
     marker = (tuple(environ.get(env) for env, _default, _parse in KNOBS.values()),
               tuple(environ.get(name) for name in _CONTEXT_ENV),
               tuple(sorted((k, v) for k, v in overrides.items() if v is not None)))
-    cached = _settings_cache.get(marker)
+    try:
+        cached = _settings_cache.get(marker)
+    except TypeError:  # an unhashable override value: resolve it every time
+        marker = cached = None
     if cached is not None and cached[0] == _file_stamp(cached[1]):
         return cached[2]
     file_path = config_file_path()
+    stamp = _file_stamp(file_path)  # before reading: an edit made during the read is seen next time
     settings = _resolve(overrides, file_path)
-    if len(_settings_cache) >= _SETTINGS_CACHE_LIMIT:
-        _settings_cache.clear()
-    try:
-        _settings_cache[marker] = (_file_stamp(file_path), file_path, settings)
-    except TypeError:  # an unhashable override value: resolve it every time
-        pass
+    if marker is not None:
+        if len(_settings_cache) >= _SETTINGS_CACHE_LIMIT:
+            _settings_cache.clear()
+        _settings_cache[marker] = (stamp, file_path, settings)
     return settings
 
 

@@ -34,7 +34,8 @@ class Artifact(object):
     """A compiled image and where it came from.
 
     Attributes:
-        image: the bytes (PTX text, cubin or fatbin).
+        image: the bytes (PTX text, cubin or fatbin).  After a hit at the cubin
+            level the PTX is read from the cache on first access only.
         kind: ``'ptx'``, ``'cubin'`` or ``'fatbin'``.
         target: the concrete :class:`~ptxbackend.targets.Target` built.
         producer: the compiler that made it, e.g. ``'nvcc-11.2.152'``.
