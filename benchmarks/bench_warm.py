@@ -16,6 +16,7 @@ A discarded warm-up process per row fills its caches first.  Repetitions are int
 (for each repetition: for each N: for each row).
 """
 
+import gc
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,10 +43,11 @@ def warm_child(args):
         driver.ensure_context()
         paths = [os.path.join(args["cubin_dir"], "k%d.cubin" % i) for i in ids]
         first = os.path.join(args["cubin_dir"], "k%d.cubin" % WARMUP_ID)
+        gc.collect()
         t0 = perf()
         with open(first, "rb") as handle:
             keep = [driver.load_module(handle.read(), "cubin")]
-        t1 = perf()
+        t1 = _settle(perf)
         for path in paths:
             with open(path, "rb") as handle:
                 data = handle.read()
@@ -59,16 +61,21 @@ def warm_child(args):
         sources = [benchutil.kernel_source("elementwise", i) for i in ids]
         first = benchutil.kernel_source("elementwise", WARMUP_ID)
         target, compiler = args["target"], args["compiler"]
+        gc.collect()
         t0 = perf()
         keep = [ptxbackend.load(ptxbackend.compile(first, (), target=target, compiler=compiler))]
-        t1 = perf()
+        t1 = _settle(perf)
         hits = 0
+        in_compile = 0.0
         for source in sources:
+            c0 = perf()
             artifact = ptxbackend.compile(source, (), target=target, compiler=compiler)
+            in_compile += perf() - c0
             hits += bool(artifact.cache_hit)
             keep.append(ptxbackend.load(artifact))
         t2 = perf()
         out["hits"] = hits
+        out["compile_ms"] = in_compile * 1000.0 / max(1, len(ids))
         out["kinds"] = sorted(set(m.kind for m in keep))
     else:  # cupy
         stats = None
@@ -82,10 +89,11 @@ def warm_child(args):
         cupy.cuda.Device().synchronize()
         first = _cupy_kernel(cupy, WARMUP_ID)
         kernels = [_cupy_kernel(cupy, i) for i in ids]
+        gc.collect()
         t0 = perf()
         first(x)
         cupy.cuda.Device().synchronize()
-        t1 = perf()
+        t1 = _settle(perf)
         for kernel in kernels:
             kernel(x)
         cupy.cuda.Device().synchronize()
@@ -94,9 +102,20 @@ def warm_child(args):
             import ptxbackend
             out.update(stats)
             out["installed"] = ptxbackend.installed()
-    out["first_ms"] = (t1 - t0) * 1000.0
-    out["per_kernel_ms"] = (t2 - t1) * 1000.0 / max(1, len(ids))
+    out["first_ms"] = (t1[0] - t0) * 1000.0
+    out["per_kernel_ms"] = (t2 - t1[1]) * 1000.0 / max(1, len(ids))
     return out
+
+
+def _settle(perf):
+    """End the first kernel's clock, collect garbage, start the per-kernel clock: ``(end, start)``.
+
+    Every row gets the same clean heap, so no row inherits a full collection
+    made due by its imports (ptxbackend's lazy ones run in the first kernel).
+    """
+    end = perf()
+    gc.collect()
+    return end, perf()
 
 
 def _count_ptxbackend_compiles():
@@ -142,6 +161,28 @@ def _compile_many(ids, target, entry, cache_dir, cc, workers):
                 os.environ[key] = value
 
 
+def _extract_jit_cubins(out_dir, cache_dir, built):
+    """Write the payload of each artifact's JIT cubin entry to OUT/k<id>.cubin; returns how many are missing."""
+    from ptxbackend.cache import entry
+    found = {}
+    for base, _dirs, files in os.walk(cache_dir):
+        if os.sep + "jit" + os.sep in base + os.sep:
+            for name in files:
+                if name.endswith(".cubin"):
+                    found[name[:-len(".cubin")]] = os.path.join(base, name)
+    missing = 0
+    for i, artifact in built.items():
+        path = found.get(artifact.key)
+        if path is None:
+            missing += 1
+            continue
+        with open(path, "rb") as handle:
+            payload = entry.decode(handle.read(), artifact.key, "cubin")[0]
+        with open(os.path.join(out_dir, "k%d.cubin" % i), "wb") as handle:
+            handle.write(payload)
+    return missing
+
+
 def run(ctx):
     if not ctx.gpu.get("available"):
         return ctx.skipped("Warm start in a fresh process", "needs a GPU (%s)" % ctx.gpu.get("why", "none found"))
@@ -174,15 +215,22 @@ def run(ctx):
     else:
         notes.append("floor not measured: no compiler here emits sm_%d cubins." % cc)
 
+    jit_floor = None
     if ptx:
         pb_cache = ctx.ws.fresh("pb-cache")
         benchutil.log("warm: building %d PTX entries (%s) with %s" % (len(ids_all), ptx_target, ptx_slot))
-        _compile_many(ids_all, ptx_target, ptx, pb_cache, cc, workers)
+        pb_built = _compile_many(ids_all, ptx_target, ptx, pb_cache, cc, workers)
         common = dict(base, PTXBACKEND_CACHE_DIR=pb_cache, **machine.env_for(ptx))
         args = {"mode": "ptxbackend", "target": ptx_target, "compiler": ptx["kind"]}
         who = "%s %s" % (machine.label(ptx_slot, ptx), ptx_target)
         rows.append(("pb_cubin", "ptxbackend hit, cubin level (%s)" % who, args,
                      dict(common, PTXBACKEND_CUBIN_CACHE="1", CUDA_CACHE_PATH=ctx.ws.fresh("jit-pbcubin"))))
+        # The same floor loop over the very bytes the cubin level loads (the driver's JIT output,
+        # taken out of ptxbackend's entries after the warm-up): what is left is ptxbackend's own work.
+        jit_floor = (ctx.ws.fresh("floor-jit-cubins"), pb_cache, pb_built)
+        rows.append(("floor_jit", "floor with those JIT cubins: read + cuModuleLoadData",
+                     {"mode": "floor", "cubin_dir": jit_floor[0]},
+                     dict(base, CUDA_CACHE_PATH=ctx.ws.fresh("jit-floor2"))))
         rows.append(("pb_ptx_nojit", "ptxbackend PTX, driver JIT cache off", args,
                      dict(common, PTXBACKEND_CUBIN_CACHE="0", CUDA_CACHE_DISABLE="1",
                           CUDA_CACHE_PATH=ctx.ws.fresh("jit-off"))))
@@ -210,6 +258,11 @@ def run(ctx):
     failed = {}
     for key, label, args, env in rows:  # warm-up: fill every cache this row reads
         benchutil.log("warm: warm-up process for %s" % key)
+        if key == "floor_jit":
+            missing = _extract_jit_cubins(*jit_floor)
+            if missing:
+                failed[key] = "%d JIT cubins not found in ptxbackend's cache after its warm-up" % missing
+                continue
         try:
             got = benchutil.spawn("bench_warm", "warm_child", dict(args, ids=ids_all[:-1]),
                                   benchutil.clean_env(env), timeout=600)
@@ -221,6 +274,7 @@ def run(ctx):
     samples = {(key, n): [] for key, _l, _a, _e in rows for n in ns}
     firsts = {(key, n): [] for key, _l, _a, _e in rows for n in ns}
     checks = {}
+    in_compile = {}
     for rep in range(reps):
         for n in ns:
             for key, label, args, env in rows:
@@ -235,6 +289,8 @@ def run(ctx):
                     continue
                 samples[(key, n)].append(got["per_kernel_ms"])
                 firsts[(key, n)].append(got["first_ms"])
+                if "compile_ms" in got:
+                    in_compile.setdefault(key, []).append((n, got["compile_ms"], got["per_kernel_ms"]))
                 checks.setdefault(key, got)
                 if "hits" in got and got["hits"] < n:
                     notes.append("%s N=%d: only %d of %d were cache hits." % (key, n, got["hits"], n))
@@ -246,6 +302,13 @@ def run(ctx):
                 key, "/".join(got["kinds"]),
                 "" if "served" not in got else "; hook installed: %s" % got.get("installed")))
 
+    for key, values in sorted(in_compile.items()):
+        big = [v for v in values if v[0] == max(ns)]
+        if big:
+            notes.append("%s N=%d: of each kernel's %s ms, compile() (settings, key, cache read, verify) took %s ms; "
+                         "the rest is load() (device check, cuModuleLoadDataEx)."
+                         % (key, max(ns), benchutil.fmt_stat(benchutil.summarize([v[2] for v in big], "ms")),
+                            benchutil.fmt_stat(benchutil.summarize([v[1] for v in big], "ms"))))
     stats = {}
     for (key, n), values in samples.items():
         stats.setdefault(key, {})[str(n)] = {"per_kernel_ms": benchutil.summarize(values, "ms"),
@@ -291,7 +354,7 @@ def _report(rows, stats, ns, notes, legacy, ptx_target):
 
     def med(key):
         return (stats.get(key, {}).get(big, {}).get("per_kernel_ms") or {}).get("median")
-    summary = {"n": max(ns), "floor_ms": med("floor"), "pb_cubin_ms": med("pb_cubin"),
+    summary = {"n": max(ns), "floor_ms": med("floor"), "floor_jit_ms": med("floor_jit"), "pb_cubin_ms": med("pb_cubin"),
                "pb_ptx_nojit_ms": med("pb_ptx_nojit"), "pb_ptx_jitwarm_ms": med("pb_ptx_jitwarm"),
                "cupy_stock_ms": med("cupy_stock"), "cupy_hook_ms": med("cupy_hook"),
                "cupy_hook_ptx_ms": med("cupy_hook_ptx"), "ptx_target": ptx_target}

@@ -50,9 +50,13 @@ def evaluate_targets(results):
     name = "cache hit (key, read, verify, load; cubin level) <= 1.5x the floor"
     if warm and warm.get("pb_cubin_ms") is not None and warm.get("floor_ms"):
         r = warm["pb_cubin_ms"] / warm["floor_ms"]
+        same = ""
+        if warm.get("floor_jit_ms"):
+            same = "; against the floor loop over the same JIT cubins (%s ms): %.2fx" % (
+                _fmt(warm["floor_jit_ms"]), warm["pb_cubin_ms"] / warm["floor_jit_ms"])
         out.append(_target(name, "met" if r <= 1.5 else "not met", "%.2fx" % r,
-                           "%s ms vs floor %s ms per kernel, N=%s" % (_fmt(warm["pb_cubin_ms"]),
-                                                                      _fmt(warm["floor_ms"]), warm.get("n"))))
+                           "%s ms vs floor %s ms per kernel, N=%s%s" % (_fmt(warm["pb_cubin_ms"]),
+                                                                        _fmt(warm["floor_ms"]), warm.get("n"), same)))
     else:
         out.append(_target(name, "not measured", "-", _why_not(warm_sec)))
 
@@ -177,6 +181,8 @@ def render_markdown(results):
     out.append("CuPy: %s; ptxbackend's start-up hook installed in this interpreter: %s." % (
         cupy.get("cupy_version") or "not importable", "yes" if cupy.get("hook_active") else "no"))
     out += ["", "## Toolkits", ""]
+    if any(s.get("run", {}).get("created") != results.get("created") for s in (results.get("sections") or {}).values()):
+        out += ["Those of the latest run; sections kept from earlier runs (--merge) name their own.", ""]
     rows = []
     for slot, entry in sorted((results.get("toolkits") or {}).items()):
         if "path" in entry:
@@ -196,6 +202,12 @@ def render_markdown(results):
         out += ["", "## %d. %s" % (number, sec.get("title", name)), ""]
         if sec.get("status") != "ok":
             out.append("Status: **%s**." % sec.get("status"))
+            out.append("")
+        run = sec.get("run")
+        if run and any(s.get("run", {}).get("created") != run.get("created") for s in sections.values()):
+            out.append("Measured in the run of %s (ptxbackend %s; toolkits: %s)." % (
+                run.get("created", "?"), run.get("ptxbackend", "?"),
+                ", ".join("%s %s" % (slot, text) for slot, text in sorted((run.get("toolkits") or {}).items()))))
             out.append("")
         table = sec.get("table")
         if table and table.get("rows"):

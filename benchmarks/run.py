@@ -100,6 +100,14 @@ def _load_previous(args):
     return {k: v for k, v in (previous.get("sections") or {}).items() if k not in args.sections}
 
 
+def _ptxbackend_version():
+    try:
+        import ptxbackend
+        return ptxbackend.__version__
+    except Exception as exc:
+        return "not importable (%s)" % benchutil.first_line(exc)
+
+
 def _load_legacy(path):
     if not path:
         return {}
@@ -153,6 +161,11 @@ def main(argv=None):
                 results["sections"][name] = {"title": name, "status": "error", "summary": {},
                                              "notes": ["failed: %s" % benchutil.tail(traceback.format_exc(), 4, 800)]}
             results["section_seconds"][name] = round(time.time() - section_started, 1)
+            # A merged report mixes runs: each section says which one measured it, with what.
+            results["sections"][name]["run"] = {
+                "created": results["created"], "ptxbackend": _ptxbackend_version(),
+                "toolkits": dict((slot, "%s %s" % (entry["kind"], entry["version"]) if "path" in entry
+                                  else "not found") for slot, entry in sorted(toolkits.items()))}
             results["duration_s"] = round(time.time() - started, 1)
             report.write_results(results, args.out, plots=False)  # partial results survive a kill
         results["duration_s"] = round(time.time() - started, 1)

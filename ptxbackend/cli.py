@@ -52,6 +52,10 @@ def _cmd_cache(args):
             store.root, len(entries), total / 1048576.0, (store.max_size or 0) / 1048576.0))
         for identity in store.identities():
             print("producer:  %s (%s)" % (identity.producer, identity.path))
+        old = store.old_layouts()
+        if old:
+            print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
+                  "removes them)" % ", ".join(old))
     elif args.action == "list":
         for path, size, mtime in sorted(store.entries()):
             print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
@@ -66,8 +70,11 @@ def _cmd_cache(args):
         limit = parse_size(args.max_size) if args.max_size else None
         removed, freed = store.prune(limit)
         print("removed %d entries, %.2f MiB" % (removed, freed / 1048576.0))
+        for name in store.remove_old_layouts():
+            print("removed the old layout %s" % os.path.join(store.root, name))
     elif args.action == "clear":
         store.clear()
+        store.remove_old_layouts()
         print("cleared %s" % store.root)
     elif args.action in ("export", "import"):
         from .cache import bundle

@@ -69,9 +69,20 @@ KNOBS = {
 _file_cache = {}
 _settings_cache = {}
 _SETTINGS_CACHE_LIMIT = 64
-# Besides the knobs, what the defaults depend on (the config file's and the cache's default places).
-_CONTEXT_ENV = ("PTXBACKEND_CONFIG", "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")
+# Besides the knobs, what the defaults depend on (the config file's and the cache's default places),
+# and what the engine derives from a Settings object and remembers with it (the compiler on PATH).
+_CONTEXT_ENV = ("PTXBACKEND_CONFIG", "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME",
+                "PATH", "CUDA_PATH", "CUDA_HOME", "PTXBACKEND_RECORD")
+_ENV_NAMES = tuple(env for env, _default, _parse in KNOBS.values()) + _CONTEXT_ENV
+try:
+    # os.environ keeps its values in a plain dict under these keys (bytes on POSIX).  Reading
+    # that dict costs 0.7 us for all the names above; os.environ.get costs 13 us: most of a
+    # warm hit's budget.  Checked at every call, with os.environ.get as the fallback.
+    _ENV_KEYS = tuple(os.environ.encodekey(name) for name in _ENV_NAMES)
+except Exception:
+    _ENV_KEYS = None
 _logging_level = []
+_logger = logging.getLogger("ptxbackend")
 
 
 def config_file_path():
@@ -113,12 +124,8 @@ class Settings(object):
     def __init__(self, values, origins):
         self._values = values
         self.origins = origins
-
-    def __getattr__(self, name):
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(name)
+        # Plain attributes, not __getattr__: the hit path reads several per kernel.
+        self.__dict__.update(values)
 
     def as_dict(self):
         return dict(self._values)
@@ -131,10 +138,18 @@ def load_settings(**overrides):
     environment variables it depends on and the config file's stat stay the
     same: a changed variable or an edited file is seen on the next call.
     """
-    environ = os.environ
-    marker = (tuple(environ.get(env) for env, _default, _parse in KNOBS.values()),
-              tuple(environ.get(name) for name in _CONTEXT_ENV),
-              tuple(sorted((k, v) for k, v in overrides.items() if v is not None)))
+    return _remembered(tuple(sorted((k, v) for k, v in overrides.items() if v is not None)), overrides)
+
+
+def compile_settings(target=None, compiler=None, device_cc=None, cache_dir=None):
+    """:func:`load_settings` with compile()'s four overrides, as cheaply as a warm hit needs."""
+    return _remembered(("compile", target, compiler, device_cc, cache_dir),
+                       {"target": target, "compiler": compiler, "device_cc": device_cc,
+                        "cache_dir": cache_dir})
+
+
+def _remembered(override_marker, overrides):
+    marker = (_environment_values(), override_marker)
     try:
         cached = _settings_cache.get(marker)
     except TypeError:  # an unhashable override value: resolve it every time
@@ -149,6 +164,15 @@ def load_settings(**overrides):
             _settings_cache.clear()
         _settings_cache[marker] = (stamp, file_path, settings)
     return settings
+
+
+def _environment_values():
+    """The values of every variable the settings depend on, in a form fit only for comparing."""
+    environ = os.environ
+    data = getattr(environ, "_data", None)
+    if _ENV_KEYS is not None and type(data) is dict:
+        return tuple(map(data.get, _ENV_KEYS))
+    return tuple(map(environ.get, _ENV_NAMES))
 
 
 def _file_stamp(path):
@@ -181,12 +205,15 @@ def _resolve(overrides, file_path):
     if not values["cache_dir"]:
         import platformdirs
         values["cache_dir"] = platformdirs.user_cache_dir("ptxbackend", appauthor=False)
-    return Settings(values, origins)
+    settings = Settings(values, origins)
+    # Environment only (a per-run switch, not a config-file knob): see ptxbackend.warm.
+    settings.record = os.environ.get("PTXBACKEND_RECORD") or None
+    return settings
 
 
 def configure_logging(level_name):
     """Send ptxbackend's log records to stderr at ``level_name`` (PTXBACKEND_LOG)."""
-    logger = logging.getLogger("ptxbackend")
+    logger = _logger
     if _logging_level and _logging_level[0] == (level_name, logger.level, len(logger.handlers)):
         return  # the hit path asks on every compile(); nothing changed since the last call
     level = getattr(logging, str(level_name or "warning").upper(), None)

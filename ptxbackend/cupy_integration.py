@@ -70,13 +70,54 @@ def _entry_point(gen):
 
 # --------------------------------------------------------------------------- the replacement
 
-def _needs_cupy(compiler_module, signature, call):
+def _unknown_parameters(signature):
+    """``(name, default)`` of each parameter ptxbackend does not understand, worked out once."""
+    unknown = []
+    for name, param in signature.parameters.items():
+        if name not in _UNDERSTOOD:
+            unknown.append((name, {param.VAR_POSITIONAL: (), param.VAR_KEYWORD: {}}.get(param.kind,
+                                                                                     param.default)))
+    return tuple(unknown)
+
+
+def _binder(signature):
+    """A function ``(args, kwargs) -> {name: value}`` with every default applied.
+
+    ``Signature.bind`` costs several microseconds per kernel; for the plain
+    positional-or-keyword signatures of CuPy v1-v9 a dict does the same job.
+    Other signatures (keyword-only, ``**kwargs``: CuPy v14) use ``bind``.
+    """
+    params = list(signature.parameters.values())
+    if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in params):
+        def bind(args, kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return bound.arguments
+        return bind
+    names = tuple(p.name for p in params)
+    defaults = dict((p.name, p.default) for p in params if p.default is not p.empty)
+
+    def bind(args, kwargs):
+        if len(args) > len(names):
+            raise TypeError("too many positional arguments")
+        call = dict(defaults)
+        call.update(zip(names, args))
+        for name, value in kwargs.items():
+            if name not in names:
+                raise TypeError("got an unexpected keyword argument %r" % name)
+            if names.index(name) < len(args):
+                raise TypeError("multiple values for argument %r" % name)
+            call[name] = value
+        if len(call) != len(names):
+            raise TypeError("missing a required argument: %r" % [n for n in names if n not in call][0])
+        return call
+    return bind
+
+
+def _needs_cupy(compiler_module, unknown, call):
     """Why this call must go to CuPy's own function, or ``None`` when ptxbackend can serve it."""
     options = tuple(call.get("options") or ())
-    for name, param in signature.parameters.items():
-        if name in _UNDERSTOOD:
-            continue
-        default = {param.VAR_POSITIONAL: (), param.VAR_KEYWORD: {}}.get(param.kind, param.default)
+    for name, default in unknown:
         value = call.get(name, default)
         if value is not default and value != default:
             return "argument %s=%r is unknown to ptxbackend" % (name, call[name])
@@ -165,14 +206,14 @@ def _is_configuration_error(exc):
 
 def _make_replacement(compiler_module, gen, original):
     signature = inspect.signature(original)
+    bind = _binder(signature)
+    unknown = _unknown_parameters(signature)
 
     @functools.wraps(original, assigned=("__name__", "__qualname__", "__doc__"))
     def replacement(*args, **kwargs):
         try:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            call = bound.arguments
-            reason = _needs_cupy(compiler_module, signature, call)
+            call = bind(args, kwargs)
+            reason = _needs_cupy(compiler_module, unknown, call)
         except Exception as exc:  # e.g. a bad argument: CuPy words that error about its own signature
             reason = "arguments ptxbackend cannot read (%s: %s)" % (type(exc).__name__, exc)
         if reason:

@@ -15,10 +15,10 @@ import time
 from . import __version__, driver
 from .cache import DirectoryStore, header_fingerprint, include_dirs, request_key
 from .compilers import get_compiler
-from .config import configure_logging, load_settings
+from .config import compile_settings, configure_logging
 from .errors import CacheError, CompilerNotFoundError, DriverError, TargetError
 from .targets import choose_target, parse_cc
-from .warm import RECORD_ENV, record_request
+from .warm import record_request
 
 log = logging.getLogger("ptxbackend")
 
@@ -27,6 +27,7 @@ _stores = {}
 _compilers = {}
 _device_ccs = {}
 _choices = {}
+_prepared = {}
 _warned = set()
 
 
@@ -127,6 +128,29 @@ def _compiler(settings, kind, store):
     return found
 
 
+def _prepare(settings, compiler):
+    """``(store, compiler, None)`` for these settings, or ``(store, None, CompilerNotFoundError)``.
+
+    Remembered per Settings object, which config renews whenever a variable it
+    depends on (PATH included) or the config file changes.  A missing compiler
+    is not remembered: one installed later is found on the next call.
+    """
+    marker = (settings, compiler)
+    found = _prepared.get(marker)
+    if found is not None:
+        return found
+    store = open_store(settings)
+    try:
+        found = (store, _compiler(settings, compiler, store), None)
+    except CompilerNotFoundError as missing:
+        return store, None, missing
+    with _lock:
+        if len(_prepared) >= 256:
+            _prepared.clear()
+        _prepared[marker] = found
+    return found
+
+
 def _choose_target(spec, comp, cc):
     """choose_target(), remembered per (spec, compiler, device): the hit path asks every time."""
     marker = (str(spec), comp, cc)  # comp itself: the dict keeps it alive, so no id is reused
@@ -149,7 +173,10 @@ def device_compute_capability(settings):
     """The compute capability to build for: argument or PTXBACKEND_DEVICE_CC, else the current GPU's."""
     if settings.device_cc is not None:
         return parse_cc(settings.device_cc)
-    return _current_device_cc() if driver.available() else None
+    try:
+        return _current_device_cc()
+    except DriverError:  # no driver, no device: what driver.available() would say, one call cheaper
+        return None
 
 
 def _metadata(key, target, producer, options, level, **extra):
@@ -179,11 +206,11 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
         cache_dir: overrides ``PTXBACKEND_CACHE_DIR``.
         name: the file name the compiler reports errors against.
     """
-    settings = load_settings(target=target, compiler=compiler, device_cc=device_cc, cache_dir=cache_dir)
-    options = tuple(str(o) for o in options)
+    settings = compile_settings(target, compiler, device_cc, cache_dir)
+    options = tuple(str(o) for o in options) if options else ()
     artifact = _compile(settings, source, options, compiler, name)
     artifact.cubin_cache = settings.cubin_cache
-    if os.environ.get(RECORD_ENV):
+    if settings.record:
         record_request(artifact.key, source, options, str(settings.target), artifact.producer.split("-")[0],
                        name)
     return artifact
@@ -191,14 +218,13 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
 
 def _compile(settings, source, options, compiler, name, jit_first=True):
     configure_logging(settings.log)
-    store = open_store(settings)
+    store, comp, missing = _prepare(settings, compiler)
     cc = device_compute_capability(settings)
     # On a warm start with the cubin level on, the JIT cubin is all load() needs: look for it first.
     jit_first = jit_first and settings.cubin_cache and settings.device_cc is None and cc is not None
-    headers = header_fingerprint(include_dirs(options), os.path.join(store.meta_dir, "headers"))
-    try:
-        comp = _compiler(settings, compiler, store)
-    except CompilerNotFoundError as missing:
+    dirs = include_dirs(options) if options else ()
+    headers = header_fingerprint(dirs, os.path.join(store.meta_dir, "headers")) if dirs else ""
+    if comp is None:
         return _from_cache_only(store, source, options, settings.target, cc, headers, missing)
     chosen, reason = _choose_target(settings.target, comp, cc)
     if chosen.output_kind not in comp.output_kinds:
@@ -214,10 +240,10 @@ def _compile(settings, source, options, compiler, name, jit_first=True):
             # The PTX entry is read only if asked for (artifact.image), through the usual path.
             artifact._refetch = lambda: _compile(settings, source, options, compiler, name, False).image
             return artifact
-    found = store.read(path, key, chosen.output_kind)
+    found = store.read(path, key, chosen.output_kind, False)
     if found is None:
         with store.lock(path):
-            found = store.read(path, key, chosen.output_kind)
+            found = store.read(path, key, chosen.output_kind, False)
             if found is None:
                 image = comp.compile(source, options, chosen, name)
                 try:
@@ -236,7 +262,7 @@ def _jit_hit(store, target, producer, key, path, reason, cc):
     if target.output_kind != "ptx":
         return None
     build = driver.driver_build()
-    found = store.read(store.jit_path(producer, target, key, cc, build), key, "cubin")
+    found = store.read(store.jit_path(producer, target, key, cc, build), key, "cubin", False)
     if found is None:
         return None
     log.debug("ptxbackend: cache hit %s (cubin level)", path)
@@ -281,7 +307,7 @@ def loadable_image(artifact, cubin_cache=None):
         return artifact.jit[2], "cubin"
     store = artifact.store
     path = _jit_path(artifact)
-    found = store.read(path, artifact.key, "cubin")
+    found = store.read(path, artifact.key, "cubin", False)
     if found is not None:
         return found[0], "cubin"
     cubin = driver.link_ptx(artifact.image)
@@ -337,4 +363,5 @@ def _reset_for_tests():
         _compilers.clear()
         _device_ccs.clear()
         _choices.clear()
+        _prepared.clear()
         _warned.clear()

@@ -35,6 +35,40 @@ def test_entry_damage_is_detected(damage):
         entry.decode(bytes(blob), "k", "ptx")
 
 
+def test_entry_key_and_kind_are_checked_without_the_metadata():
+    blob = entry.encode(b"\x7fELF", {"key": "e" * 64, "kind": "cubin", "note": "x"})
+    assert entry.decode(blob, "e" * 64, "cubin", with_metadata=False) == (b"\x7fELF", None)
+    with pytest.raises(entry.CorruptEntry, match="entry holds 'cubin', expected 'ptx'"):
+        entry.decode(blob, "e" * 64, "ptx", with_metadata=False)
+    with pytest.raises(entry.CorruptEntry, match="entry belongs to key 'e"):
+        entry.decode(blob, "f" * 64, "cubin", with_metadata=False)
+
+
+def test_entry_checksum_covers_the_header():
+    blob = bytearray(entry.encode(b"x" * 50, {"key": "k", "kind": "ptx"}))
+    blob[20] ^= 1  # inside the key field: still a well-formed header
+    with pytest.raises(entry.CorruptEntry, match="checksum mismatch"):
+        entry.decode(bytes(blob))
+
+
+@pytest.mark.parametrize("meta", [{"key": "k" * 65, "kind": "ptx"}, {"key": "k", "kind": "elf"}])
+def test_entry_encode_refuses_what_the_header_cannot_hold(meta):
+    with pytest.raises(ValueError):
+        entry.encode(b"p", meta)
+
+
+def test_old_layouts_are_listed_and_removed_only_on_request(tmp_path):
+    root = tmp_path / "c"
+    (root / "v1" / "nvcc-11.2" / "compute_75").mkdir(parents=True)
+    (root / "v1" / "nvcc-11.2" / "compute_75" / "x.ptx").write_bytes(b"old")
+    (root / "v99").mkdir()  # a newer ptxbackend's: never ours to remove
+    os.chmod(str(root), 0o700)
+    store = DirectoryStore(str(root))
+    assert store.old_layouts() == ["v1"] and (root / "v1").exists()
+    assert store.remove_old_layouts() == ["v1"]
+    assert not (root / "v1").exists() and (root / "v99").exists() and os.path.isdir(store.base)
+
+
 def test_entry_for_another_key_is_rejected():
     blob = entry.encode(b"p", {"key": "other", "kind": "ptx"})
     with pytest.raises(entry.CorruptEntry):
@@ -78,7 +112,9 @@ def test_header_fingerprint_follows_content_not_time(tmp_path):
 def test_store_write_read_and_private_modes(tmp_path):
     store = DirectoryStore(str(tmp_path / "c"))
     path = store.entry_path("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, "ptx")
-    assert "/v1/nvcc-13.0.88/compute_75/ab/" in path
+    assert "/v2/nvcc-13.0.88/compute_75/ab/" + "ab" + "0" * 62 + ".ptx" in path
+    jit = store.jit_path("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, 90, "580.1")
+    assert jit.endswith("/v2/nvcc-13.0.88/compute_75/jit/sm_90-580.1/ab/" + "ab" + "0" * 62 + ".cubin")
     store.write(path, b"ptx text", {"key": "ab" + "0" * 62, "kind": "ptx"})
     assert store.read(path, "ab" + "0" * 62, "ptx")[0] == b"ptx text"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -110,7 +146,7 @@ def test_store_discards_corrupt_and_planted_entries(tmp_path):
 def test_store_refuses_world_writable_dir(tmp_path):
     root = tmp_path / "c"
     DirectoryStore(str(root))
-    os.chmod(str(root / "v1"), 0o777)
+    os.chmod(DirectoryStore(str(root)).base, 0o777)
     with pytest.raises(CacheError) as info:
         DirectoryStore(str(root))
     assert "chmod 700" in str(info.value)

@@ -100,3 +100,17 @@ def test_demo_for_pascal_with_old_toolkit_says_what_runs_where(nvcc112):
     code, out, err = cli("demo", "--device-cc", "9.0", env={"PTXBACKEND_NVCC": nvcc112})
     assert code == 0, err
     assert "compute_86" in out and "JIT" in out
+
+
+def test_cache_info_names_an_old_layout_and_prune_removes_it(tmp_path):
+    cache = tmp_path / "cache"
+    env = {"PTXBACKEND_CACHE_DIR": str(cache)}
+    assert cli("cache", "info", env=env)[0] == 0  # creates the current layout
+    old = cache / "v1" / "nvcc-11.2.152" / "compute_86" / "ab"
+    old.mkdir(parents=True)
+    (old / ("ab" * 32 + ".ptx")).write_bytes(b"an entry of schema 1")
+    code, out, _ = cli("cache", "info", env=env)
+    assert code == 0 and "old:       v1, from an earlier ptxbackend" in out
+    code, out, _ = cli("cache", "prune", env=env)
+    assert code == 0 and "removed the old layout %s" % (cache / "v1") in out
+    assert not (cache / "v1").exists() and "old:" not in cli("cache", "info", env=env)[1]

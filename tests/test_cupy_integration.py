@@ -9,6 +9,7 @@ whether that call then succeeds (GPU) or fails (no GPU here).
 """
 
 import io
+import inspect
 import logging
 import os
 import sys
@@ -335,3 +336,33 @@ def test_older_generations_replace_both_names_and_restore_them(tmp_path, gen):
         "True True False",
         "True True",
     ]
+
+
+def _v1_compile_with_cache(source, options=(), arch=None, cache_dir=None):
+    pass
+
+
+def _v14_compile(source, options=(), *, arch=None, **kwargs):
+    pass
+
+
+@pytest.mark.parametrize("function", [_v1_compile_with_cache, _v14_compile])
+@pytest.mark.parametrize("args, kwargs", [
+    (("src",), {}), (("src", ("-DX",)), {}), (("src", (), "sm_61", "/c"), {}),
+    (("src",), {"cache_dir": "/c", "options": ["-DY"]}), ((), {"source": "s"}),
+    ((), {}), (("s", (), None, None, "extra"), {}), (("s",), {"source": "t"}), (("s",), {"bogus": 1}),
+])
+def test_the_argument_binder_agrees_with_inspect(function, args, kwargs):
+    """The fast binder used for CuPy v1-v9 signatures gives what Signature.bind gives, errors included."""
+    signature = inspect.signature(function)
+    try:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        expected = dict(bound.arguments)
+    except TypeError:
+        expected = TypeError
+    try:
+        got = dict(ci._binder(signature)(args, kwargs))
+    except TypeError:
+        got = TypeError
+    assert got == expected

@@ -8,7 +8,8 @@ import tarfile
 import pytest
 
 import ptxbackend
-from ptxbackend.cache import DirectoryStore, bundle
+from ptxbackend.cache import SCHEMA_VERSION, DirectoryStore, bundle
+from ptxbackend.cache.store import LAYOUT
 from ptxbackend.errors import CacheError, CompilerNotFoundError
 from conftest import REPO, SAXPY, count_calls, run_python
 
@@ -80,16 +81,16 @@ def test_import_refuses_other_schema_and_damage(nvcc13, tmp_path):
     with pytest.raises(CacheError) as info:
         bundle.import_bundle(target, _bundle_with(tmp_path, [], {"format": 1, "schema": 99, "files": []}))
     assert "schema 99" in str(info.value) and "Export the bundle again" in str(info.value)
-    link = tarfile.TarInfo("v1/p-1/compute_75/ab/x.ptx")
+    link = tarfile.TarInfo(LAYOUT + "/p-1/compute_75/ab/x.ptx")
     link.type = tarfile.SYMTYPE
     link.linkname = "/etc/passwd"
     with pytest.raises(CacheError):
-        bundle.import_bundle(target, _bundle_with(tmp_path, [(link, None)], {"format": 1, "schema": 1, "files": []}))
-    escape = tarfile.TarInfo("v1/../../escape.ptx")
+        bundle.import_bundle(target, _bundle_with(tmp_path, [(link, None)], {"format": 1, "schema": SCHEMA_VERSION, "files": []}))
+    escape = tarfile.TarInfo(LAYOUT + "/../../escape.ptx")
     escape.size = 1
     with pytest.raises(CacheError):
         bundle.import_bundle(target, _bundle_with(tmp_path, [(escape, b"x")], {
-            "format": 1, "schema": 1, "files": [{"name": escape.name, "sha256": "0", "size": 1}]}))
+            "format": 1, "schema": SCHEMA_VERSION, "files": [{"name": escape.name, "sha256": "0", "size": 1}]}))
     with tarfile.open(good) as archive:
         members = [(m, archive.extractfile(m).read()) for m in archive.getmembers()]
     manifest = json.loads(members[0][1])

@@ -15,7 +15,7 @@ def test_nvcc13_builds_native_cubin_for_h200(nvcc13):
     art = ptxbackend.compile(SAXPY, compiler="nvcc", device_cc="9.0")
     assert (art.kind, str(art.target)) == ("cubin", "sm_90")
     assert art.image[:4] == b"\x7fELF" and not art.cache_hit
-    assert "/v1/nvcc-13." in art.path and "/sm_90/" in art.path and art.path.endswith(".cubin")
+    assert "/v2/nvcc-13." in art.path and "/sm_90/" in art.path and art.path.endswith(".cubin")
     again = ptxbackend.compile(SAXPY, compiler="nvcc", device_cc="9.0")
     assert again.cache_hit and again.image == art.image and again.path == art.path
 
@@ -33,7 +33,7 @@ def test_nvcc112_on_h200_emits_compute_86_ptx(nvcc112, monkeypatch):
     art = ptxbackend.compile(SAXPY, device_cc="9.0")
     assert (art.kind, str(art.target), art.producer) == ("ptx", "compute_86", "nvcc-11.2.152")
     assert b".target sm_86" in art.image and b".entry saxpy" in art.image
-    assert "/v1/nvcc-11.2.152/compute_86/" in art.path
+    assert "/v2/nvcc-11.2.152/compute_86/" in art.path
     native = ptxbackend.compile(SAXPY, device_cc="8.6")
     assert (native.kind, str(native.target)) == ("cubin", "sm_86")
 
@@ -182,6 +182,37 @@ def test_settings_follow_the_environment_and_the_config_file_between_calls(tmp_p
     monkeypatch.delenv("PTXBACKEND_TARGET")
     config.unlink()
     assert load_settings().target == "auto"
+
+
+@pytest.mark.parametrize("reading", ["environ dict", "os.environ.get"])
+def test_compile_settings_are_renewed_by_any_variable_they_depend_on(monkeypatch, reading):
+    """The warm path's settings lookup: remembered, renewed by a knob, PATH or the record switch."""
+    from ptxbackend import config
+    if reading == "os.environ.get":
+        monkeypatch.setattr(config, "_ENV_KEYS", None)  # as where os.environ has no plain dict
+    monkeypatch.setenv("PTXBACKEND_TARGET", "compute_75")
+    first = config.compile_settings()
+    assert config.compile_settings() is first and first.target == "compute_75" and first.record is None
+    assert config.compile_settings(target="sm_90").target == "sm_90"
+    monkeypatch.setenv("PTXBACKEND_TARGET", "compute_80")
+    assert config.compile_settings().target == "compute_80"
+    second = config.compile_settings()
+    monkeypatch.setenv("PATH", os.environ["PATH"] + os.pathsep + "/nonexistent")
+    assert config.compile_settings() is not second  # the compiler found may differ
+    monkeypatch.setenv("PTXBACKEND_RECORD", "/tmp/manifest.jsonl")
+    assert config.compile_settings().record == "/tmp/manifest.jsonl"
+
+
+def test_a_compiler_put_on_path_is_used_by_the_next_compile(logging_nvcc, nvcc13, monkeypatch):
+    wrapper, calls = logging_nvcc
+    for name in ("PTXBACKEND_NVCC", "CUDA_PATH", "CUDA_HOME"):  # these outrank PATH
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", os.environ["PATH"] + os.pathsep + os.path.dirname(nvcc13))
+    ptxbackend.compile(SAXPY, target="compute_75", compiler="nvcc")
+    assert count_calls(calls) == 0
+    monkeypatch.setenv("PATH", os.path.dirname(wrapper) + os.pathsep + os.environ["PATH"])
+    art = ptxbackend.compile(SAXPY + "// new", target="compute_75", compiler="nvcc")
+    assert not art.cache_hit and count_calls(calls, "--ptx") == 1
 
 
 class _StandInDriver(object):

@@ -25,11 +25,10 @@ from ptxbackend.cache import entry
 pytestmark = pytest.mark.reliability
 
 CASES = 1000
-PER_KIND = 120  # 15 kinds of damage; those with few variants (an empty file) end early
-REASONS = ("shorter than the header", "bad magic", "schema", "reserved field", "header says",
-           "checksum mismatch", "metadata is not JSON", "metadata is not an object",
-           "entry belongs to key", "entry holds", "not a regular file")
-HEADER = struct.Struct("<4sHHIQ32s")
+PER_KIND = 120  # 16 kinds of damage; those with few variants (an empty file) end early
+REASONS = ("shorter than the header", "bad magic", "schema", "reserved field", "unknown kind code",
+           "header says", "checksum mismatch", "entry belongs to key", "entry holds", "not a regular file")
+HEADER = struct.Struct("<4sHBBIQ64sI")
 KERNEL = r'''
 extern "C" __global__ void scale(float a, float* y, int n)
 {
@@ -103,12 +102,16 @@ def damage_kinds():
         return blob[:4] + struct.pack("<H", schema) + blob[6:]
 
     def reserved_field(blob, draw):
-        return blob[:6] + struct.pack("<H", draw(st.integers(1, 0xFFFF))) + blob[8:]
+        return blob[:7] + bytes([draw(st.integers(1, 0xFF))]) + blob[8:]
+
+    def kind_code(blob, draw):
+        return blob[:6] + bytes([draw(st.integers(0, 0xFF).filter(lambda k: k != blob[6]))]) + blob[7:]
 
     def lying_lengths(blob, draw):
-        magic, schema, reserved, meta_len, body_len, checksum = HEADER.unpack_from(blob)
+        magic, schema, kind, reserved, meta_len, body_len, key, checksum = HEADER.unpack_from(blob)
         if draw(st.booleans()):
-            # The same total, the boundary moved: the checksum (of meta + payload) still matches.
+            # The same total, the boundary moved: the bytes the checksum covers after the header
+            # are the same, so only its coverage of the header catches this.
             shift = draw(st.integers(-meta_len, body_len).filter(lambda d: d != 0))
             new_meta, new_body = meta_len + shift, body_len - shift
         else:
@@ -116,7 +119,7 @@ def damage_kinds():
             new_body = draw(st.integers(0, 0xFFFFFFFFFFFFFFFF))
             if (new_meta, new_body) == (meta_len, body_len):
                 new_body += 1
-        return HEADER.pack(magic, schema, reserved, new_meta, new_body, checksum) + blob[HEADER.size:]
+        return HEADER.pack(magic, schema, kind, reserved, new_meta, new_body, key, checksum) + blob[HEADER.size:]
 
     def empty(blob, draw):
         return b""
@@ -134,8 +137,8 @@ def damage_kinds():
         return ("fifo", 0)
 
     return [(f.__name__, f) for f in (truncate, extend, bit_flips, overwrite, wrong_magic, wrong_schema,
-                                      reserved_field, lying_lengths, empty, header_only, random_bytes,
-                                      directory, fifo)]
+                                      reserved_field, kind_code, lying_lengths, empty, header_only,
+                                      random_bytes, directory, fifo)]
 
 
 def other_entry(entries):
@@ -257,13 +260,13 @@ def test_damaged_entry_through_compile_is_rebuilt_by_the_compiler(logging_nvcc, 
     art = ptxbackend.compile(KERNEL, target="compute_75")
     blob = open(art.path, "rb").read()
     other = ptxbackend.compile(KERNEL + "// another", target="compute_75")
-    magic, schema, reserved, meta_len, body_len, checksum = HEADER.unpack_from(blob)
+    magic, schema, kind, reserved, meta_len, body_len, key, checksum = HEADER.unpack_from(blob)
     damaged = {
         "truncate": blob[:len(blob) // 3],
         "bit flip": blob[:-7] + bytes([blob[-7] ^ 0x20]) + blob[-6:],
         "wrong magic": b"PTXA" + blob[4:],
         "wrong schema": blob[:4] + struct.pack("<H", entry.SCHEMA_VERSION + 1) + blob[6:],
-        "lying length": HEADER.pack(magic, schema, reserved, meta_len + 2, body_len - 2, checksum)
+        "lying length": HEADER.pack(magic, schema, kind, reserved, meta_len + 2, body_len - 2, key, checksum)
         + blob[HEADER.size:],
         "empty": b"",
         "directory": ("directory", 1),

@@ -364,7 +364,7 @@ def test_cache_dir_of_another_user_or_writable_by_others_is_refused(nvcc13, tmp_
     art = ptxbackend.compile(kernel("shared"), target="compute_75")
     with open(art.path, "wb") as handle:
         handle.write(_forged(art))
-    base = str(cache / "v1")
+    base = art.store.base
     if how == "other owner":
         for where, _dirs, files in os.walk(base):
             for name in [where] + [os.path.join(where, f) for f in files]:

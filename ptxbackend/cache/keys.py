@@ -14,7 +14,7 @@ import threading
 
 from .. import _fsutil
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _INCLUDE_FLAGS = ("-I", "--include-path")
 _fingerprints = {}
@@ -118,14 +118,29 @@ def header_fingerprint(dirs, memo_dir=None):
     return result
 
 
+_key_heads = {}
+_KEY_HEADS_LIMIT = 4096
+
+
 def request_key(source, options, target, header_digest):
     """The hex SHA-256 that names a compile request in the cache."""
     if not isinstance(source, bytes):
         source = source.encode("utf-8")
-    head = json.dumps([SCHEMA_VERSION, str(target), target.output_kind,
-                       [str(o) for o in options], header_digest], separators=(",", ":"))
-    digest = hashlib.sha256(head.encode("utf-8"))
-    digest.update(b"\0")
+    marker = (target, tuple(options), header_digest)
+    try:
+        head = _key_heads.get(marker)
+    except TypeError:  # an unhashable option: build the head every time
+        marker, head = None, None
+    if head is None:
+        # Every warm kernel needs its key: the JSON of everything but the source is built once.
+        head = json.dumps([SCHEMA_VERSION, str(target), target.output_kind,
+                           [str(o) for o in options], header_digest], separators=(",", ":"))
+        head = head.encode("utf-8") + b"\0"
+        if marker is not None:
+            if len(_key_heads) >= _KEY_HEADS_LIMIT:
+                _key_heads.clear()
+            _key_heads[marker] = head
+    digest = hashlib.sha256(head)
     digest.update(source)
     return digest.hexdigest()
 

@@ -1,12 +1,12 @@
 """A cache store in a local directory.
 
-Layout under the root (``v1`` is the schema version)::
+Layout under the root (``v2`` is the schema version)::
 
-    v1/<producer>/<target>/<kk>/<key>.<kind>                      compiler output
-    v1/<producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin  the driver's JIT of a PTX entry
-    v1/<producer>/identity.json                                   what that producer can emit
-    v1/locks/<kk>/<hash>.lock                                     one lock per entry path
-    v1/meta/                                                      compiler identities, header fingerprints
+    v2/<producer>/<target>/<kk>/<key>.<kind>                      compiler output
+    v2/<producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin  the driver's JIT of a PTX entry
+    v2/<producer>/identity.json                                   what that producer can emit
+    v2/locks/<kk>/<hash>.lock                                     one lock per entry path
+    v2/meta/                                                      compiler identities, header fingerprints
 
 Reads take no lock: entries are renamed into place whole, so a reader sees a
 complete file or none.  Only a miss takes the entry's lock, with a bounded
@@ -62,6 +62,7 @@ class DirectoryStore(object):
         self.max_size = max_size
         self.lock_timeout = lock_timeout
         self._unwritable_reported = False
+        self._dirs = {}
         try:
             _fsutil.make_private_dirs(self.base)
         except OSError as exc:
@@ -74,22 +75,37 @@ class DirectoryStore(object):
 
     # -- paths ---------------------------------------------------------------------------------
     def entry_path(self, producer, target, key, kind):
-        return os.path.join(self.base, producer, str(target), key[:2], "%s.%s" % (key, kind))
+        return self._dir(producer, target) + key[:2] + os.sep + key + "." + kind
 
     def jit_path(self, producer, target, key, device_cc, driver_build):
-        return os.path.join(self.base, producer, str(target), "jit",
-                            "sm_%d-%s" % (device_cc, driver_build), key[:2], key + ".cubin")
+        return self._dir(producer, target, device_cc, driver_build) + key[:2] + os.sep + key + ".cubin"
+
+    def _dir(self, producer, target, device_cc=None, driver_build=None):
+        """The directory (with a trailing separator) of a producer's entries for a target."""
+        marker = (producer, target, device_cc, driver_build)
+        found = self._dirs.get(marker)
+        if found is None:
+            # Every warm kernel needs two paths: join the constant part once.
+            parts = [self.base, producer, str(target)]
+            if device_cc is not None:
+                parts += ["jit", "sm_%d-%s" % (device_cc, driver_build)]
+            found = os.path.join(*parts) + os.sep
+            if len(self._dirs) > 1024:
+                self._dirs.clear()
+            self._dirs[marker] = found
+        return found
 
     def _lock_path(self, path):
         name = hashlib.sha256(os.path.relpath(path, self.base).encode("utf-8")).hexdigest()
         return os.path.join(self.base, "locks", name[:2], name + ".lock")
 
     # -- entries -------------------------------------------------------------------------------
-    def read(self, path, key, kind):
+    def read(self, path, key, kind, with_metadata=True):
         """Return ``(payload, metadata)`` for a valid entry, or ``None``.
 
         A corrupt, truncated, foreign or planted (symlink, directory) entry is
-        removed with a warning, so the caller rebuilds it.
+        removed with a warning, so the caller rebuilds it.  ``with_metadata=False``
+        returns ``None`` for the metadata and spares parsing it.
         """
         try:
             blob, st = _fsutil.read_file_and_stat(path)
@@ -102,7 +118,7 @@ class DirectoryStore(object):
             self._discard(path, "cannot be read (%s)" % (exc.strerror or exc))
             return None
         try:
-            payload, metadata = entry_format.decode(blob, key, kind)
+            payload, metadata = entry_format.decode(blob, key, kind, with_metadata)
         except entry_format.CorruptEntry as exc:
             self._discard(path, str(exc))
             return None
@@ -300,3 +316,26 @@ class DirectoryStore(object):
         """Remove every entry, lock and memo of this schema version."""
         shutil.rmtree(self.base, ignore_errors=True)
         _fsutil.make_private_dirs(self.base)
+
+    def old_layouts(self):
+        """Names of the trees of older schema versions here (``v1`` when this is ``v2``)."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        return sorted(n for n in names
+                      if n.startswith("v") and n[1:].isdigit() and int(n[1:]) < SCHEMA_VERSION
+                      and os.path.isdir(os.path.join(self.root, n))
+                      and not os.path.islink(os.path.join(self.root, n)))
+
+    def remove_old_layouts(self):
+        """Remove the trees of older schema versions; return their names.
+
+        An upgrade leaves the old tree behind, unread and uncounted by the size
+        cap.  Not done automatically: an older ptxbackend in another environment
+        may still share this cache directory.  Newer layouts are never touched.
+        """
+        removed = self.old_layouts()
+        for name in removed:
+            shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+        return removed

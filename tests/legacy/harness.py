@@ -27,6 +27,16 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import compare  # noqa: E402
 
+
+def cache_layout():
+    """The cache tree of the ptxbackend in this checkout (``v2``), read from its source."""
+    sys.path.insert(0, REPO)
+    try:
+        from ptxbackend.cache.store import LAYOUT
+    finally:
+        sys.path.remove(REPO)
+    return LAYOUT
+
 STORY = "nvcc fatal   : Value 'sm_90' is not defined for option 'gpu-architecture'"
 PY = sys.executable
 T_START = time.time()
@@ -194,10 +204,10 @@ class Harness(object):
     def load_cache_census(self, root):
         """{'<producer>/<target>/<kind>': count} of compiler outputs (JIT cubins listed apart)."""
         census = {}
-        base = os.path.join(root, "v1")
+        base = os.path.join(root, cache_layout())
         for path in glob.glob(os.path.join(base, "*", "*", "*", "*")):
             rel = os.path.relpath(path, base).split(os.sep)
-            if len(rel) == 4 and rel[0] not in ("locks", "meta") and "." in rel[3]:
+            if len(rel) == 4 and rel[0] not in ("locks", "meta") and "." in rel[3] and os.path.isfile(path):
                 key = "%s/%s/%s" % (rel[0], rel[1], rel[3].rsplit(".", 1)[1])
                 census[key] = census.get(key, 0) + 1
         jit = glob.glob(os.path.join(base, "*", "*", "jit", "*", "*", "*.cubin"))
@@ -319,13 +329,13 @@ class Harness(object):
     def step_d(self):
         s = self.summary["steps"].setdefault("d", {})
         census = self.load_cache_census(self.cache)
-        ptx = glob.glob(os.path.join(self.cache, "v1", "nvcc-11.2.*", "compute_86", "[0-9a-f][0-9a-f]", "*.ptx"))
+        ptx = glob.glob(os.path.join(self.cache, cache_layout(), "nvcc-11.2.*", "compute_86", "[0-9a-f][0-9a-f]", "*.ptx"))
         kernel_cache = os.path.join(self.ptxb_home, ".cupy", "kernel_cache")
         s.update(cache=self.cache, census=census, compute_86_ptx_entries=len(ptx),
                  kernel_cache=kernel_cache, kernel_cache_files=count_files(kernel_cache))
         say("  cache census: %s" % json.dumps(census))
         self.check("d", len(ptx) > 0, "ptxbackend's cache holds %d compute_86 .ptx entries under "
-                   "v1/nvcc-11.2.*/compute_86/" % len(ptx))
+                   "%s/nvcc-11.2.*/compute_86/" % (len(ptx), cache_layout()))
         b_kernels = self.summary["steps"].get("b", {}).get("served", {}).get("kernels", 0)
         self.check("d", len(ptx) <= b_kernels and len(ptx) >= 1, "one entry per distinct kernel (%d entries, %d "
                    "kernel requests)" % (len(ptx), b_kernels))
