@@ -65,9 +65,9 @@ def _round(ctx, procs, variants, target, load, nvcc):
                                "CUDA_CACHE_PATH": ctx.ws.fresh("conc-jit"), "PTXBACKEND_DISABLE": "1"})
     args = {"variants": variants, "target": target, "load": load,
             "device_cc": None if load else "%d.%d" % (ctx.device_cc // 10, ctx.device_cc % 10)}
-    code = ("import sys, json; sys.path[:0] = [%r, %r]; import bench_concurrency as m; "
+    code = ("import sys, json; sys.path[:0] = %r; import bench_concurrency as m; "
             "print(%r + json.dumps(m.conc_child(json.loads(sys.argv[1]))))"
-            % (benchutil.REPO, benchutil.BENCH_DIR, benchutil.MARKER))
+            % (benchutil.child_path(), benchutil.MARKER))
     started = time.perf_counter()
     children = [subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)

@@ -8,12 +8,17 @@ together: the per-kernel figure is that time / N.
 Paths (rows):
   floor            read a native cubin file + driver.load_module (what no cache can beat)
   ptxbackend cubin ptxbackend.compile() hit + ptxbackend.load() with the cubin level on
+  ptxbackend cubin, headers   the same kernels, each starting with #include <bench/carray.cuh>
+                   (a copy of benchmarks/kernels/include: 9 headers, read through -I DIR)
   PTX, JIT cache off   the same with PTXBACKEND_CUBIN_CACHE=0 and CUDA_CACHE_DISABLE=1
   PTX, JIT cache warm  PTXBACKEND_CUBIN_CACHE=0, CUDA_CACHE_PATH warmed by an earlier process
   CuPy stock       N ElementwiseKernels, first use, CuPy's cache warm, PTXBACKEND_DISABLE=1
   CuPy + ptxbackend the same through the start-up hook (target auto, and the PTX target)
 A discarded warm-up process per row fills its caches first.  Repetitions are interleaved
-(for each repetition: for each N: for each row).
+(for each repetition: for each N: for each row).  ``--warm-rows`` measures only some rows.
+
+The headers row is the cost of a hit that has to re-validate the headers a kernel read (issue 12):
+it compiles to the same code as the plain row, so the two differ only in what compile() does.
 """
 
 import gc
@@ -26,6 +31,12 @@ import machine
 
 WARMUP_ID = 999
 FIRST_ID = 1000
+ROWS = ("floor", "pb_cubin", "pb_cubin_hdr", "floor_jit", "pb_ptx_nojit", "pb_ptx_jitwarm",
+        "cupy_stock", "cupy_hook", "cupy_hook_ptx")
+# Longer than the few seconds within which a just-changed header's stat cannot be trusted: a
+# dependency-checking cache may record such a header to be hashed on every hit.  CuPy's installed
+# headers are old, and that is the hit to measure.
+HEADER_SETTLE_S = 3.0
 
 
 # --------------------------------------------------------------------------- child
@@ -58,18 +69,19 @@ def warm_child(args):
         import ptxbackend
         from ptxbackend import driver
         driver.ensure_context()
-        sources = [benchutil.kernel_source("elementwise", i) for i in ids]
-        first = benchutil.kernel_source("elementwise", WARMUP_ID)
+        header, options = _header_options(args.get("include_dir"))
+        sources = [benchutil.kernel_source("elementwise", i, header) for i in ids]
+        first = benchutil.kernel_source("elementwise", WARMUP_ID, header)
         target, compiler = args["target"], args["compiler"]
         gc.collect()
         t0 = perf()
-        keep = [ptxbackend.load(ptxbackend.compile(first, (), target=target, compiler=compiler))]
+        keep = [ptxbackend.load(ptxbackend.compile(first, options, target=target, compiler=compiler))]
         t1 = _settle(perf)
         hits = 0
         in_compile = 0.0
         for source in sources:
             c0 = perf()
-            artifact = ptxbackend.compile(source, (), target=target, compiler=compiler)
+            artifact = ptxbackend.compile(source, options, target=target, compiler=compiler)
             in_compile += perf() - c0
             hits += bool(artifact.cache_hit)
             keep.append(ptxbackend.load(artifact))
@@ -104,7 +116,15 @@ def warm_child(args):
             out["installed"] = ptxbackend.installed()
     out["first_ms"] = (t1[0] - t0) * 1000.0
     out["per_kernel_ms"] = (t2 - t1[1]) * 1000.0 / max(1, len(ids))
+    out["ptxbackend"] = benchutil.imported_ptxbackend()
     return out
+
+
+def _header_options(include_dir):
+    """(header the sources start with, compile options) for a row; CuPy v1's way: an absolute -I."""
+    if not include_dir:
+        return None, ()
+    return benchutil.HEADER_ROOT, ("-I", include_dir)
 
 
 def _settle(perf):
@@ -138,15 +158,16 @@ def _count_ptxbackend_compiles():
 
 # --------------------------------------------------------------------------- preparation (runner)
 
-def _compile_many(ids, target, entry, cache_dir, cc, workers):
+def _compile_many(ids, target, entry, cache_dir, cc, workers, include_dir=None):
     """ptxbackend.compile() every variant into ``cache_dir``; returns {id: artifact}."""
     import ptxbackend
     saved = {k: os.environ.get(k) for k in ("PTXBACKEND_NVCC", "PTXBACKEND_NVRTC")}
     os.environ.update(machine.env_for(entry))
     cc_text = "%d.%d" % (cc // 10, cc % 10)
+    header, options = _header_options(include_dir)
 
     def one(i):
-        return i, ptxbackend.compile(benchutil.kernel_source("elementwise", i), (), target=target,
+        return i, ptxbackend.compile(benchutil.kernel_source("elementwise", i, header), options, target=target,
                                      compiler=entry["kind"], device_cc=cc_text, cache_dir=cache_dir)
     try:
         results = dict([one(ids[0])])  # the first alone: compiler identity, store
@@ -159,6 +180,28 @@ def _compile_many(ids, target, entry, cache_dir, cc, workers):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _write_headers(ctx):
+    """The header tree in a fresh -I directory; returns (directory, relative header paths, lines)."""
+    include_dir = ctx.ws.fresh("include")
+    names = benchutil.write_header_tree(include_dir)
+    lines = 0
+    for name in names:
+        with open(os.path.join(include_dir, name)) as handle:
+            lines += sum(1 for _ in handle)
+    return include_dir, names, lines
+
+
+def _wait_until_settled(directory, names, age):
+    """Sleep until every header was last changed (mtime or ctime) more than ``age`` seconds ago."""
+    newest = 0.0
+    for name in names:
+        st = os.stat(os.path.join(directory, name))
+        newest = max(newest, st.st_mtime, st.st_ctime)
+    delay = newest + age - time.time()
+    if delay > 0:
+        time.sleep(delay)
 
 
 def _extract_jit_cubins(out_dir, cache_dir, built):
@@ -190,11 +233,25 @@ def run(ctx):
     ns = (1, 10, 100)
     ids_all = list(range(FIRST_ID, FIRST_ID + max(ns))) + [WARMUP_ID]
     cc = ctx.device_cc
+    wanted = set(getattr(ctx.args, "warm_rows", None) or ROWS)
     notes = ["Per-kernel ms = (time for the N kernels) / N in a fresh process, after one extra kernel "
              "(its time is 'first kernel'); median (min-max, repetitions).",
              "Kernel for the floor and ptxbackend rows: benchmarks/kernels/elementwise.cu with a distinct "
              "BENCH_VARIANT each; CuPy rows: distinct ElementwiseKernels."]
+    if wanted != set(ROWS):
+        notes.append("Rows measured (--warm-rows): %s." % ", ".join(k for k in ROWS if k in wanted))
+    if "floor_jit" in wanted and "pb_cubin" not in wanted:
+        wanted.discard("floor_jit")
+        notes.append("floor_jit not measured: it loads the JIT cubins that the pb_cubin row's warm-up writes.")
     workers = max(1, min(8, os.cpu_count() or 1))
+    include_dir = None
+    if "pb_cubin_hdr" in wanted:
+        # Written first, so that it is old enough by the time its kernels are compiled.
+        include_dir, header_names, header_lines = _write_headers(ctx)
+        notes.append("Headers row: the same kernels, each starting with #include <%s>, compiled with -I %s: "
+                     "%d headers, %d lines (a copy of benchmarks/kernels/include, older than %.0f s when "
+                     "compiled)."
+                     % (benchutil.HEADER_ROOT, include_dir, len(header_names), header_lines, HEADER_SETTLE_S))
 
     native_slot, native = machine.pick(ctx.toolkits, ("nvrtc13", "nvcc13"), cc, kind="sm")
     ptx_slot, ptx = machine.pick(ctx.toolkits, ("nvrtc13", "nvcc13", "nvrtc117", "nvcc112"), ctx.ptx_arch)
@@ -202,7 +259,7 @@ def run(ctx):
     rows = []  # (key, label, child args, env)
     base = {"CUDA_CACHE_MAXSIZE": benchutil.JIT_CACHE_4G, "PTXBACKEND_DISABLE": "1", "CUDA_CACHE_DISABLE": None}
 
-    if native:
+    if native and "floor" in wanted:
         cubin_dir = ctx.ws.fresh("floor-cubins")
         benchutil.log("warm: building %d native cubins (sm_%d) with %s" % (len(ids_all), cc, native_slot))
         built = _compile_many(ids_all, "sm_%d" % cc, native, ctx.ws.fresh("floor-cache"), cc, workers)
@@ -212,19 +269,38 @@ def run(ctx):
         env = dict(base, CUDA_CACHE_PATH=ctx.ws.fresh("jit-floor"))
         rows.append(("floor", "floor: read cubin + cuModuleLoadData (sm_%d)" % cc,
                      {"mode": "floor", "cubin_dir": cubin_dir}, env))
-    else:
+    elif "floor" in wanted:
         notes.append("floor not measured: no compiler here emits sm_%d cubins." % cc)
 
     jit_floor = None
-    if ptx:
+    pb_rows = ("pb_cubin", "pb_ptx_nojit", "pb_ptx_jitwarm")
+    if ptx and wanted.intersection(pb_rows + ("pb_cubin_hdr",)):
         pb_cache = ctx.ws.fresh("pb-cache")
-        benchutil.log("warm: building %d PTX entries (%s) with %s" % (len(ids_all), ptx_target, ptx_slot))
-        pb_built = _compile_many(ids_all, ptx_target, ptx, pb_cache, cc, workers)
+        pb_built = {}
+        if wanted.intersection(pb_rows):
+            benchutil.log("warm: building %d PTX entries (%s) with %s" % (len(ids_all), ptx_target, ptx_slot))
+            pb_built = _compile_many(ids_all, ptx_target, ptx, pb_cache, cc, workers)
         common = dict(base, PTXBACKEND_CACHE_DIR=pb_cache, **machine.env_for(ptx))
         args = {"mode": "ptxbackend", "target": ptx_target, "compiler": ptx["kind"]}
         who = "%s %s" % (machine.label(ptx_slot, ptx), ptx_target)
         rows.append(("pb_cubin", "ptxbackend hit, cubin level (%s)" % who, args,
                      dict(common, PTXBACKEND_CUBIN_CACHE="1", CUDA_CACHE_PATH=ctx.ws.fresh("jit-pbcubin"))))
+        if "pb_cubin_hdr" in wanted:
+            hdr_cache = ctx.ws.fresh("pb-hdr-cache")
+            _wait_until_settled(include_dir, header_names, HEADER_SETTLE_S)
+            benchutil.log("warm: building %d PTX entries with headers (%s) with %s"
+                          % (len(ids_all), ptx_target, ptx_slot))
+            hdr_built = _compile_many(ids_all, ptx_target, ptx, hdr_cache, cc, workers, include_dir)
+            if pb_built:
+                # What makes the two rows comparable: the loads are of the same bytes.
+                differ = sum(1 for i in ids_all if hdr_built[i].image != pb_built[i].image)
+                notes.append("Headers row: its kernels compile to the same PTX as the plain row's." if not differ
+                             else "Headers row: %d of %d kernels compile to other PTX than the plain row's."
+                             % (differ, len(ids_all)))
+            rows.append(("pb_cubin_hdr", "ptxbackend hit, cubin level, headers (%d through -I)" % len(header_names),
+                         dict(args, include_dir=include_dir),
+                         dict(common, PTXBACKEND_CACHE_DIR=hdr_cache, PTXBACKEND_CUBIN_CACHE="1",
+                              CUDA_CACHE_PATH=ctx.ws.fresh("jit-pbhdr"))))
         # The same floor loop over the very bytes the cubin level loads (the driver's JIT output,
         # taken out of ptxbackend's entries after the warm-up): what is left is ptxbackend's own work.
         jit_floor = (ctx.ws.fresh("floor-jit-cubins"), pb_cache, pb_built)
@@ -236,10 +312,10 @@ def run(ctx):
                           CUDA_CACHE_PATH=ctx.ws.fresh("jit-off"))))
         rows.append(("pb_ptx_jitwarm", "ptxbackend PTX, driver JIT cache warm", args,
                      dict(common, PTXBACKEND_CUBIN_CACHE="0", CUDA_CACHE_PATH=ctx.ws.fresh("jit-warm"))))
-    else:
+    elif not ptx and wanted.intersection(pb_rows + ("pb_cubin_hdr", "floor_jit")):
         notes.append("ptxbackend rows not measured: no compiler here builds %s." % ptx_target)
 
-    if ctx.cupy.get("cupy_version"):
+    if ctx.cupy.get("cupy_version") and wanted.intersection(("cupy_stock", "cupy_hook", "cupy_hook_ptx")):
         stock_dir = ctx.ws.fresh("cupy-stock")
         rows.append(("cupy_stock", "CuPy %s stock (its cache warm)" % ctx.cupy["cupy_version"],
                      {"mode": "cupy"}, dict(base, CUPY_CACHE_DIR=stock_dir, CUDA_CACHE_PATH=ctx.ws.fresh("jit-cs"))))
@@ -252,14 +328,19 @@ def run(ctx):
                      {"mode": "cupy", "hook": True},
                      dict(hook, PTXBACKEND_TARGET=ptx_target, PTXBACKEND_CACHE_DIR=ctx.ws.fresh("hook-ptx-cache"),
                           CUDA_CACHE_PATH=ctx.ws.fresh("jit-chp"))))
-    else:
+    elif wanted.intersection(("cupy_stock", "cupy_hook", "cupy_hook_ptx")):
         notes.append("CuPy rows not measured: CuPy is not importable here (%s)." % ctx.cupy.get("cupy_error", "missing"))
+    rows = [row for row in rows if row[0] in wanted]
 
     failed = {}
     for key, label, args, env in rows:  # warm-up: fill every cache this row reads
         benchutil.log("warm: warm-up process for %s" % key)
         if key == "floor_jit":
-            missing = _extract_jit_cubins(*jit_floor)
+            try:
+                missing = _extract_jit_cubins(*jit_floor)
+            except Exception as exc:  # another ptxbackend version's cache layout
+                failed[key] = "JIT cubins not extracted from ptxbackend's cache: %s" % benchutil.first_line(exc)
+                continue
             if missing:
                 failed[key] = "%d JIT cubins not found in ptxbackend's cache after its warm-up" % missing
                 continue
@@ -273,8 +354,10 @@ def run(ctx):
             failed[key] = str(exc)
     samples = {(key, n): [] for key, _l, _a, _e in rows for n in ns}
     firsts = {(key, n): [] for key, _l, _a, _e in rows for n in ns}
+    compiles = {(key, n): [] for key, _l, _a, _e in rows for n in ns}
     checks = {}
     in_compile = {}
+    imported = {}  # (version, dir) of the ptxbackend each child imported -> rows
     for rep in range(reps):
         for n in ns:
             for key, label, args, env in rows:
@@ -290,7 +373,10 @@ def run(ctx):
                 samples[(key, n)].append(got["per_kernel_ms"])
                 firsts[(key, n)].append(got["first_ms"])
                 if "compile_ms" in got:
+                    compiles[(key, n)].append(got["compile_ms"])
                     in_compile.setdefault(key, []).append((n, got["compile_ms"], got["per_kernel_ms"]))
+                if got.get("ptxbackend"):
+                    imported.setdefault((got["ptxbackend"]["version"], got["ptxbackend"]["dir"]), set()).add(key)
                 checks.setdefault(key, got)
                 if "hits" in got and got["hits"] < n:
                     notes.append("%s N=%d: only %d of %d were cache hits." % (key, n, got["hits"], n))
@@ -305,7 +391,7 @@ def run(ctx):
     for key, values in sorted(in_compile.items()):
         big = [v for v in values if v[0] == max(ns)]
         if big:
-            notes.append("%s N=%d: of each kernel's %s ms, compile() (settings, key, cache read, verify) took %s ms; "
+            notes.append("%s N=%d: of each kernel's %s ms, compile() (settings, key, cache read and checks) took %s ms; "
                          "the rest is load() (device check, cuModuleLoadDataEx)."
                          % (key, max(ns), benchutil.fmt_stat(benchutil.summarize([v[2] for v in big], "ms")),
                             benchutil.fmt_stat(benchutil.summarize([v[1] for v in big], "ms"))))
@@ -313,8 +399,21 @@ def run(ctx):
     for (key, n), values in samples.items():
         stats.setdefault(key, {})[str(n)] = {"per_kernel_ms": benchutil.summarize(values, "ms"),
                                              "first_ms": benchutil.summarize(firsts[(key, n)], "ms")}
+        if compiles[(key, n)]:
+            stats[key][str(n)]["compile_ms"] = benchutil.summarize(compiles[(key, n)], "ms")
+    source = getattr(ctx, "ptxbackend_src", None) or {}
+    measured = [{"version": version, "dir": where, "rows": sorted(keys)}
+                for (version, where), keys in sorted(imported.items())]
+    for entry in measured:
+        notes.append("Children imported ptxbackend %s from %s (rows: %s)%s." % (
+            entry["version"], entry["dir"], ", ".join(entry["rows"]),
+            "" if entry["dir"] == source.get("dir", entry["dir"])
+            else "; NOT the ptxbackend this run was asked to measure (%s)" % source.get("dir")))
     legacy = ctx.legacy or {}
-    return _report(rows, stats, ns, notes, legacy, ptx_target)
+    result = _report(rows, stats, ns, notes, legacy, ptx_target)
+    result["ptxbackend_measured"] = measured
+    result["ptxbackend_src"] = source
+    return result
 
 
 def _report(rows, stats, ns, notes, legacy, ptx_target):
@@ -323,6 +422,7 @@ def _report(rows, stats, ns, notes, legacy, ptx_target):
     for n in ns:
         columns += ["N=%d ms/kernel" % n, "x floor"]
     columns.append("first kernel, ms (N=%d runs)" % max(ns))
+    columns.append("compile() ms/kernel (N=%d)" % max(ns))
     table = []
     plot_labels, series = [], {"N=%d" % n: [] for n in ns}
     for key, label, _args, _env in rows:
@@ -333,6 +433,7 @@ def _report(rows, stats, ns, notes, legacy, ptx_target):
             row += [benchutil.fmt_stat(cell), benchutil.fmt_ratio(benchutil.ratio(cell, base) if base else None)]
             series["N=%d" % n].append(cell)
         row.append(benchutil.fmt_stat(stats.get(key, {}).get(str(max(ns)), {}).get("first_ms")))
+        row.append(benchutil.fmt_stat(stats.get(key, {}).get(str(max(ns)), {}).get("compile_ms")))
         table.append(row)
         plot_labels.append(key)
     for key, label in LEGACY_ROWS:
@@ -345,16 +446,18 @@ def _report(rows, stats, ns, notes, legacy, ptx_target):
                 (value if n == max(ns) else None)
             base = floor.get(str(n), {}).get("per_kernel_ms")
             row += [benchutil.fmt_stat(cell), benchutil.fmt_ratio(benchutil.ratio(cell, base) if cell and base else None)]
-        row.append("-")
+        row += ["-", "-"]
         table.append(row)
     if legacy:
         notes.append("Legacy rows come from --legacy-results (%s); a value without N is shown under N=%d."
                      % (legacy.get("_source", "?"), max(ns)))
     big = str(max(ns))
 
-    def med(key):
-        return (stats.get(key, {}).get(big, {}).get("per_kernel_ms") or {}).get("median")
+    def med(key, figure="per_kernel_ms"):
+        return (stats.get(key, {}).get(big, {}).get(figure) or {}).get("median")
     summary = {"n": max(ns), "floor_ms": med("floor"), "floor_jit_ms": med("floor_jit"), "pb_cubin_ms": med("pb_cubin"),
+               "pb_cubin_hdr_ms": med("pb_cubin_hdr"), "pb_cubin_compile_ms": med("pb_cubin", "compile_ms"),
+               "pb_cubin_hdr_compile_ms": med("pb_cubin_hdr", "compile_ms"),
                "pb_ptx_nojit_ms": med("pb_ptx_nojit"), "pb_ptx_jitwarm_ms": med("pb_ptx_jitwarm"),
                "cupy_stock_ms": med("cupy_stock"), "cupy_hook_ms": med("cupy_hook"),
                "cupy_hook_ptx_ms": med("cupy_hook_ptx"), "ptx_target": ptx_target}
@@ -363,7 +466,7 @@ def _report(rows, stats, ns, notes, legacy, ptx_target):
             summary["legacy_" + key] = _median_of(legacy[key], big)
     measured = any(cell["per_kernel_ms"]["reps"] for row in stats.values() for cell in row.values())
     return {"title": "Warm start in a fresh process (N distinct cached kernels)", "status": "ok" if measured else "error",
-            "notes": notes, "stats": stats, "summary": summary,
+            "notes": notes, "stats": stats, "summary": summary, "rows": [[key, label] for key, label, _a, _e in rows],
             "table": {"columns": columns, "rows": table},
             "plots": [{"file": "warm.png", "title": "Warm start per kernel (fresh process)", "ylabel": "ms per kernel",
                        "log": True, "labels": plot_labels, "series": series}]}

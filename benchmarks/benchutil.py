@@ -16,6 +16,8 @@ import time
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH_DIR)
 KERNEL_DIR = os.path.join(BENCH_DIR, "kernels")
+HEADER_TREE = os.path.join(KERNEL_DIR, "include")
+HEADER_ROOT = "bench/carray.cuh"
 MARKER = "PTXBENCH-JSON:"
 JIT_CACHE_4G = str(4 << 30)  # what ptxbackend's start-up hook sets CUDA_CACHE_MAXSIZE to
 
@@ -26,13 +28,34 @@ class ChildError(RuntimeError):
 
 # --------------------------------------------------------------------------- kernels
 
-def kernel_source(name, variant=None):
-    """The text of benchmarks/kernels/<name>.cu; ``variant`` makes a distinct source (cache key)."""
+def kernel_source(name, variant=None, include=None):
+    """The text of benchmarks/kernels/<name>.cu; ``variant`` makes a distinct source (cache key);
+    ``include`` names a header the source starts with (``#include <include>``)."""
     with open(os.path.join(KERNEL_DIR, name + ".cu")) as handle:
         text = handle.read()
     if variant is not None:
         text = "#define BENCH_VARIANT %d\n" % int(variant) + text
+    if include:
+        text = "#include <%s>\n" % include + text
     return text
+
+
+def write_header_tree(directory):
+    """Copy the synthetic header tree (kernels/include: bench/carray.cuh and the 8 headers it reads)
+    into ``directory``, which becomes the kernels' -I directory; returns the headers' relative paths.
+
+    A copy, not -I benchmarks/kernels/include: the directory must hold nothing but the tree, and
+    ptxbackend's fingerprint of it must not depend on the checkout.
+    """
+    names = []
+    for base, dirs, files in os.walk(HEADER_TREE):
+        dirs.sort()
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(base, name), HEADER_TREE)
+            os.makedirs(os.path.join(directory, os.path.dirname(rel)), exist_ok=True)
+            shutil.copyfile(os.path.join(base, name), os.path.join(directory, rel))
+            names.append(rel.replace(os.sep, "/"))
+    return names
 
 
 # --------------------------------------------------------------------------- statistics
@@ -94,17 +117,117 @@ def fmt_ratio(value):
     return "-" if value is None else "%.3fx" % value
 
 
+# --------------------------------------------------------------------------- which ptxbackend
+
+_ptxbackend_src = None  # a directory holding the ptxbackend/ package to measure instead of the checkout's
+
+
+def set_ptxbackend_src(directory):
+    """Children import ptxbackend from ``directory`` (it holds ptxbackend/); None: from the checkout.
+
+    Only the children: the runner puts the directory on its own sys.path itself (run.py), before
+    anything imports ptxbackend.
+    """
+    global _ptxbackend_src
+    _ptxbackend_src = os.path.realpath(directory) if directory else None
+
+
+def ptxbackend_src():
+    """The directory whose ptxbackend/ the children import (real path, as imported_ptxbackend's)."""
+    return _ptxbackend_src or os.path.realpath(REPO)
+
+
+def child_path():
+    """What a child puts first on sys.path: the ptxbackend to measure, the checkout, benchmarks/."""
+    return ([_ptxbackend_src] if _ptxbackend_src else []) + [REPO, BENCH_DIR]
+
+
+def ptxbackend_probe(args):
+    """Child: the ptxbackend that a child imports, as ``{'version', 'dir'}`` (dir holds ptxbackend/)."""
+    import ptxbackend  # noqa: F401
+    return imported_ptxbackend()
+
+
+def imported_ptxbackend():
+    """Version and location of the ptxbackend this process has imported; None if it has none."""
+    module = sys.modules.get("ptxbackend")
+    if module is None or not getattr(module, "__file__", None):
+        return None
+    return {"version": getattr(module, "__version__", "?"),
+            "dir": os.path.dirname(os.path.dirname(os.path.realpath(module.__file__)))}
+
+
+def git_tree_id(path):
+    """Git's tree id of the files under ``path`` (what ``git rev-parse COMMIT:ptxbackend`` prints for
+    the same files), or None when there are none.  Compiled files (__pycache__, .pyc) are skipped.
+
+    Computed from the files, so a directory made by ``git archive`` names its commit's tree too.
+    """
+    entries = []
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if name == "__pycache__" or name.endswith((".pyc", ".pyo")):
+            continue
+        if os.path.islink(full):
+            mode, sha, sort = "120000", _git_object("blob", os.readlink(full).encode("utf-8", "surrogateescape")), name
+        elif os.path.isdir(full):
+            mode, sha, sort = "40000", git_tree_id(full), name + "/"
+            if sha is None:  # git keeps no empty directories
+                continue
+        else:
+            with open(full, "rb") as handle:
+                data = handle.read()
+            mode = "100755" if os.stat(full).st_mode & 0o100 else "100644"
+            sha, sort = _git_object("blob", data), name
+        entries.append((sort.encode("utf-8", "surrogateescape"), mode, name, sha))
+    if not entries:
+        return None
+    body = b"".join(b"%s %s\0%s" % (mode.encode(), name.encode("utf-8", "surrogateescape"), bytes.fromhex(sha))
+                    for _sort, mode, name, sha in sorted(entries))
+    return _git_object("tree", body)
+
+
+def _git_object(kind, data):
+    import hashlib
+    return hashlib.sha1(b"%s %d\0" % (kind.encode(), len(data)) + data).hexdigest()
+
+
+def describe_ptxbackend_src(directory):
+    """Which code ``directory``/ptxbackend is: its git tree id, and the commit when ``directory`` is
+    the top of a git work tree (with whether ptxbackend/ differs from that commit)."""
+    package = os.path.join(directory, "ptxbackend")
+    out = {"dir": directory, "tree": git_tree_id(package) if os.path.isdir(package) else None,
+           "commit": None, "modified": None}
+    try:
+        top = subprocess.run(["git", "-C", directory, "rev-parse", "--show-toplevel", "HEAD"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, universal_newlines=True, timeout=30)
+        lines = top.stdout.split()
+        # A directory inside some other work tree (an archive unpacked into the checkout) is not that commit.
+        if top.returncode == 0 and len(lines) == 2 and os.path.realpath(lines[0]) == os.path.realpath(directory):
+            out["commit"] = lines[1]
+            out["modified"] = out["tree"] != _git_rev(directory, "HEAD:ptxbackend")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def _git_rev(directory, rev):
+    proc = subprocess.run(["git", "-C", directory, "rev-parse", rev], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, universal_newlines=True, timeout=30)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
 # --------------------------------------------------------------------------- environment and children
 
 def clean_env(extra=None):
     """This process's environment without PTXBACKEND_* settings (test/bench locations kept),
-    with the checkout and benchmarks/ first on PYTHONPATH; ``extra`` values of None delete."""
+    with child_path() first on PYTHONPATH; ``extra`` values of None delete."""
     env = {}
     for key, value in os.environ.items():
         if key.startswith("PTXBACKEND_") and not key.startswith(("PTXBACKEND_TEST_", "PTXBACKEND_BENCH_")):
             continue
         env[key] = value
-    parts = [REPO, BENCH_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = child_path() + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     for key, value in (extra or {}).items():
@@ -116,7 +239,7 @@ def clean_env(extra=None):
 
 
 _CHILD = ("import sys, json\n"
-          "sys.path[:0] = [%r, %r]\n"
+          "sys.path[:0] = %r\n"
           "import %s as _m\n"
           "_r = _m.%s(json.loads(sys.argv[1]))\n"
           "sys.stdout.write('\\n' + %r + json.dumps(_r) + '\\n')\n")
@@ -127,7 +250,7 @@ def spawn(module, function, args, env, timeout=600):
 
     The child prints its result as the last marked line of stdout.  Raises ChildError.
     """
-    code = _CHILD % (REPO, BENCH_DIR, module, function, MARKER)
+    code = _CHILD % (child_path(), module, function, MARKER)
     try:
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(args)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,

@@ -180,6 +180,13 @@ def render_markdown(results):
     cupy = results.get("cupy", {})
     out.append("CuPy: %s; ptxbackend's start-up hook installed in this interpreter: %s." % (
         cupy.get("cupy_version") or "not importable", "yes" if cupy.get("hook_active") else "no"))
+    source = results.get("ptxbackend")
+    if source:
+        out.append("ptxbackend %s from `%s` (git tree %s%s)%s." % (
+            source.get("version") or "(not importable)", source.get("dir"), (source.get("tree") or "?")[:12],
+            "; commit %s%s" % (source["commit"][:10], " with changes" if source.get("modified") else "")
+            if source.get("commit") else "",
+            "; --ptxbackend-src" if results.get("args", {}).get("ptxbackend_src") else ""))
     out += ["", "## Toolkits", ""]
     if any(s.get("run", {}).get("created") != results.get("created") for s in (results.get("sections") or {}).values()):
         out += ["Those of the latest run; sections kept from earlier runs (--merge) name their own.", ""]

@@ -2,6 +2,7 @@
 """ptxbackend benchmarks: the cubin path against the PTX path, side by side, with one command.
 
     python benchmarks/run.py [--quick] [--out DIR] [--sections compile,warm,...]
+    python benchmarks/run.py --sections warm --ptxbackend-src OLD --out BEFORE  (an older ptxbackend)
 
 Detects what the machine has (GPU, compilers, CuPy), runs every section that can run there, and
 writes DIR/results.json, DIR/results.md and PNG plots.  See benchmarks/README.md.
@@ -17,6 +18,7 @@ import traceback
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
+import bench_warm  # noqa: E402
 import benchutil  # noqa: E402
 import machine  # noqa: E402
 import report  # noqa: E402
@@ -28,8 +30,9 @@ DEFAULT_DEVICE_CC = 90  # the H200, when there is no GPU to ask
 class Context(object):
     """What every section gets: the options, the machine, a workspace."""
 
-    def __init__(self, args, ws, gpu, toolkits, cupy, legacy):
+    def __init__(self, args, ws, gpu, toolkits, cupy, legacy, ptxbackend_src=None):
         self.args = args
+        self.ptxbackend_src = ptxbackend_src or {}  # which ptxbackend the children import (describe below)
         self.quick = args.quick
         self.ws = ws
         self.gpu = gpu
@@ -78,6 +81,13 @@ def parse_args(argv=None):
     p.add_argument("--nvcc112-archive", metavar="TAR", help="nvcc112.tar.xz to unpack (default: ../shared/toolkits)")
     p.add_argument("--nvrtc117", metavar="PATH", help="libnvrtc of NVRTC 11.7 (default: PTXBACKEND_TEST_NVRTC or the wheel)")
     p.add_argument("--nvrtc13", metavar="PATH", help="libnvrtc of NVRTC 12/13 (default: the toolkit's)")
+    p.add_argument("--ptxbackend-src", metavar="DIR",
+                   help="measure the ptxbackend package in DIR/ptxbackend (e.g. `git archive COMMIT ptxbackend | "
+                        "tar -x -C DIR`) instead of the checkout's: this process and every child import it from "
+                        "there; results.json records its version, DIR and git tree id. Not with the hook section, "
+                        "which installs the checkout's wheel")
+    p.add_argument("--warm-rows", metavar="KEYS",
+                   help="comma list of warm-section rows to measure (default: all): %s" % ", ".join(bench_warm.ROWS))
     p.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     p.add_argument("--keep-tmp", action="store_true", help="keep the temporary directory (its path is logged)")
     args = p.parse_args(argv)
@@ -86,6 +96,20 @@ def parse_args(argv=None):
     if unknown:
         p.error("unknown section(s) %s; choose from %s" % (", ".join(unknown), ", ".join(SECTIONS)))
     args.sections = chosen
+    if args.ptxbackend_src:
+        if not os.path.isfile(os.path.join(args.ptxbackend_src, "ptxbackend", "__init__.py")):
+            p.error("--ptxbackend-src %s: no ptxbackend/__init__.py there" % args.ptxbackend_src)
+        if "hook" in chosen:
+            p.error("--ptxbackend-src does not apply to the hook section (it installs the checkout's wheel): "
+                    "choose --sections without hook")
+        args.ptxbackend_src = os.path.realpath(args.ptxbackend_src)
+    if args.warm_rows is not None:
+        rows = [r.strip() for r in args.warm_rows.split(",") if r.strip()]
+        unknown = [r for r in rows if r not in bench_warm.ROWS]
+        if unknown or not rows:
+            p.error("--warm-rows: unknown row(s) %s; choose from %s" % (", ".join(unknown) or "(none given)",
+                                                                        ", ".join(bench_warm.ROWS)))
+        args.warm_rows = rows
     return args
 
 
@@ -111,9 +135,32 @@ def _ptxbackend_version():
 def _load_legacy(path):
     if not path:
         return {}
-    import bench_warm
     with open(path) as handle:
         return bench_warm.normalize_legacy(json.load(handle), source=path)
+
+
+def _use_ptxbackend_from(directory):
+    """Import ptxbackend from ``directory`` here and in every child (benchutil.child_path)."""
+    loaded = benchutil.imported_ptxbackend()
+    if loaded and loaded["dir"] != directory:
+        raise SystemExit("--ptxbackend-src: this process already imported ptxbackend from %s" % loaded["dir"])
+    sys.path.insert(0, directory)
+    benchutil.set_ptxbackend_src(directory)
+
+
+def _describe_ptxbackend():
+    """Which ptxbackend this run measures: asked of a child, since the children are what is measured."""
+    wanted = benchutil.ptxbackend_src()
+    found = benchutil.describe_ptxbackend_src(wanted)
+    try:
+        child = benchutil.spawn("benchutil", "ptxbackend_probe", {}, benchutil.clean_env(), timeout=120)
+    except benchutil.ChildError as exc:
+        child = {"version": None, "dir": None, "error": str(exc)}
+    found["version"] = child.get("version")
+    if child.get("dir") and child["dir"] != wanted:
+        raise SystemExit("children import ptxbackend from %s, not from %s: check PYTHONPATH and installed copies"
+                         % (child["dir"], wanted))
+    return found
 
 
 def _isolate_environment(ws):
@@ -127,6 +174,8 @@ def _isolate_environment(ws):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.ptxbackend_src:
+        _use_ptxbackend_from(args.ptxbackend_src)
     started = time.time()
     ws = benchutil.Workspace(keep=args.keep_tmp)
     benchutil.log("workspace %s" % ws.root)
@@ -138,10 +187,17 @@ def main(argv=None):
         gpu = machine.detect_gpu()
         toolkits = machine.find_toolkits(ws, args)
         cupy = machine.cupy_info()
-        ctx = Context(args, ws, gpu, toolkits, cupy, legacy)
+        source = _describe_ptxbackend()
+        benchutil.log("ptxbackend %s from %s (git tree %s%s)" % (
+            source["version"], source["dir"], source["tree"],
+            ", commit %s%s" % (source["commit"][:10], " + changes" if source["modified"] else "")
+            if source["commit"] else ""))
+        ctx = Context(args, ws, gpu, toolkits, cupy, legacy, source)
         results = {"schema": 1, "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                    "args": {"quick": args.quick, "sections": args.sections, "reps": args.reps,
-                            "legacy_results": args.legacy_results, "device_cc_without_gpu": args.device_cc},
+                            "legacy_results": args.legacy_results, "device_cc_without_gpu": args.device_cc,
+                            "ptxbackend_src": args.ptxbackend_src, "warm_rows": args.warm_rows},
+                   "ptxbackend": source,
                    "machine": machine.host_info(), "gpu": gpu, "toolkits": toolkits, "cupy": cupy,
                    "device_cc_used": ctx.device_cc, "ptx_target": "compute_%d" % ctx.ptx_arch,
                    "sections": dict(kept), "section_seconds": {}}
@@ -163,7 +219,7 @@ def main(argv=None):
             results["section_seconds"][name] = round(time.time() - section_started, 1)
             # A merged report mixes runs: each section says which one measured it, with what.
             results["sections"][name]["run"] = {
-                "created": results["created"], "ptxbackend": _ptxbackend_version(),
+                "created": results["created"], "ptxbackend": _ptxbackend_version(), "ptxbackend_src": source,
                 "toolkits": dict((slot, "%s %s" % (entry["kind"], entry["version"]) if "path" in entry
                                   else "not found") for slot, entry in sorted(toolkits.items()))}
             results["duration_s"] = round(time.time() - started, 1)

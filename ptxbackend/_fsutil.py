@@ -13,6 +13,8 @@ import stat as stat_module
 import tempfile
 import time
 
+from .errors import CompileError
+
 try:
     import fcntl
 except ImportError:  # Windows: store.py falls back to filelock there
@@ -21,6 +23,35 @@ except ImportError:  # Windows: store.py falls back to filelock there
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class NotARegularFile(CompileError):
+    """An input a compile would read is a FIFO, device or directory: reading it could hang."""
+
+
+def read_regular(path):
+    """The bytes and stat of the regular file at ``path``, following links (as a compiler does).
+
+    Opened non-blocking, so a FIFO or device is never waited on: it raises
+    :class:`NotARegularFile`; a missing file raises ``OSError``.
+    """
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            raise NotARegularFile(
+                "%s is not a regular file (mode %o): a compile that includes it could block "
+                "forever or read without end. Remove it from the include path, or include a "
+                "regular file instead." % (path, st.st_mode))
+        chunks = []
+        while True:
+            chunk = os.read(fd, max(st.st_size + 1, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
 
 
 class UnsafeFile(OSError):

@@ -66,13 +66,17 @@ KNOBS = {
     "log": ("PTXBACKEND_LOG", "warning", _text),
 }
 
+# Variables the compilers read that change what they produce: part of every request's key.
+NVCC_ENVIRONMENT = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH",
+                    "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
+
 _file_cache = {}
 _settings_cache = {}
 _SETTINGS_CACHE_LIMIT = 64
 # Besides the knobs, what the defaults depend on (the config file's and the cache's default places),
 # and what the engine derives from a Settings object and remembers with it (the compiler on PATH).
 _CONTEXT_ENV = ("PTXBACKEND_CONFIG", "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME",
-                "PATH", "CUDA_PATH", "CUDA_HOME", "PTXBACKEND_RECORD")
+                "PATH", "CUDA_PATH", "CUDA_HOME", "PTXBACKEND_RECORD") + NVCC_ENVIRONMENT
 _ENV_NAMES = tuple(env for env, _default, _parse in KNOBS.values()) + _CONTEXT_ENV
 try:
     # os.environ keeps its values in a plain dict under these keys (bytes on POSIX).  Reading
@@ -208,6 +212,7 @@ def _resolve(overrides, file_path):
     settings = Settings(values, origins)
     # Environment only (a per-run switch, not a config-file knob): see ptxbackend.warm.
     settings.record = os.environ.get("PTXBACKEND_RECORD") or None
+    settings.compiler_env = tuple((name, os.environ[name]) for name in NVCC_ENVIRONMENT if os.environ.get(name))
     return settings
 
 

@@ -13,8 +13,9 @@ import threading
 import time
 
 from . import __version__, driver
-from .cache import DirectoryStore, header_fingerprint, include_dirs, request_key
-from .compilers import get_compiler
+from .cache import DirectoryStore, deps, request_key
+from .compilers import COMPILERS, get_compiler
+from .compilers.options import read_path_options
 from .config import compile_settings, configure_logging
 from .errors import CacheError, CompilerNotFoundError, DriverError, TargetError
 from .targets import choose_target, parse_cc
@@ -28,6 +29,7 @@ _compilers = {}
 _device_ccs = {}
 _choices = {}
 _prepared = {}
+_requests = {}
 _warned = set()
 
 
@@ -48,7 +50,7 @@ class Artifact(object):
     """
 
     __slots__ = ("_image", "kind", "target", "producer", "key", "path", "cache_hit", "reason",
-                 "device_cc", "store", "cubin_cache", "jit", "_refetch")
+                 "device_cc", "store", "cubin_cache", "jit", "_refetch", "deps")
 
     def __init__(self, image, kind, target, producer, key, path, cache_hit, reason, device_cc, store):
         self._image = image
@@ -64,6 +66,7 @@ class Artifact(object):
         self.cubin_cache = True  # PTXBACKEND_CUBIN_CACHE as compile() saw it: spares load() a settings read
         self.jit = None  # (cc, driver build, cubin) found by compile() at the cubin level
         self._refetch = None
+        self.deps = b""  # the entry's dependency section: a JIT cubin must carry the same one
 
     @property
     def image(self):
@@ -117,38 +120,92 @@ def _remove_temporary_cache(path, creator_pid):
 
 def _compiler(settings, kind, store):
     kind = kind or settings.compiler
-    marker = (kind, settings.nvcc, settings.nvrtc, os.environ.get("PATH"), os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"),
-              store.meta_dir)
+    marker = (kind, settings.nvcc, settings.nvrtc, os.environ.get("PATH"), os.environ.get("CUDA_PATH"),
+              os.environ.get("CUDA_HOME"), store.meta_dir)
     with _lock:
         found = _compilers.get(marker)
-    if found is None:
+    if found is None or not found.identity.unchanged():
+        # First use, or a file that does the work changed (a toolkit swapped behind a wrapper,
+        # an NVRTC updated in place): find and probe again.
         found = get_compiler(kind, settings.nvcc, settings.nvrtc, os.path.join(store.meta_dir, "compilers"))
         with _lock:
             _compilers[marker] = found
     return found
 
 
+def _explicit_compiler(settings, compiler):
+    """Whether the user named a compiler (argument, variable or config file): then it must work."""
+    return bool(compiler or settings.compiler or settings.nvcc or settings.nvrtc)
+
+
 def _prepare(settings, compiler):
     """``(store, compiler, None)`` for these settings, or ``(store, None, CompilerNotFoundError)``.
 
     Remembered per Settings object, which config renews whenever a variable it
-    depends on (PATH included) or the config file changes.  A missing compiler
-    is not remembered: one installed later is found on the next call.
+    depends on (PATH included) or the config file changes; the compiler's
+    identity is re-checked on every call (a stat of each file that does the
+    work).  A missing compiler is not remembered: one installed later is
+    found on the next call.  A compiler the user named that cannot be used is
+    an error, never a reason to serve whatever the cache holds.
     """
     marker = (settings, compiler)
     found = _prepared.get(marker)
-    if found is not None:
+    if found is not None and found[1].identity.unchanged():
         return found
     store = open_store(settings)
     try:
         found = (store, _compiler(settings, compiler, store), None)
     except CompilerNotFoundError as missing:
+        if _explicit_compiler(settings, compiler):
+            raise
         return store, None, missing
     with _lock:
         if len(_prepared) >= 256:
             _prepared.clear()
         _prepared[marker] = found
     return found
+
+
+class _Request(object):
+    """What a compile request is, besides its source and target, for one compiler."""
+
+    __slots__ = ("options", "context", "path_options")
+
+    def __init__(self, options, context, path_options):
+        self.options = options
+        self.context = context
+        self.path_options = path_options
+
+
+def _request(options, name, source_dir, kind, host, environment):
+    """The effective options (relative paths made absolute) and the key's context."""
+    marker = (options, name, source_dir, kind, host, environment)
+    try:
+        found = _requests.get(marker)
+    except TypeError:
+        marker = found = None
+    if found is not None:
+        return found
+    if source_dir:
+        # Quoted includes beside the source file, as when the compiler reads it there.
+        options = ("-I", os.path.abspath(source_dir)) + options
+    parsed = read_path_options(options)
+    backend = COMPILERS.get(kind)
+    compiled_name = backend.compiled_name(name) if backend else str(name)
+    context = (compiled_name, host) + environment
+    found = _Request(parsed.options, context, parsed)
+    # A relative path depends on the working directory, which can change: remember only the rest.
+    if marker is not None and parsed.options == options:
+        with _lock:
+            if len(_requests) >= 1024:
+                _requests.clear()
+            _requests[marker] = found
+    return found
+
+
+def _environment(settings, comp_class):
+    names = comp_class.environment
+    return tuple("%s=%s" % item for item in settings.compiler_env if item[0] in names)
 
 
 def _choose_target(spec, comp, cc):
@@ -188,14 +245,15 @@ def _metadata(key, target, producer, options, level, **extra):
 
 
 def compile(source, options=(), target=None, compiler=None, device_cc=None, cache_dir=None,
-            name="kernel.cu"):
+            name="kernel.cu", source_dir=None):
     """Compile ``source`` through the cache and return an :class:`Artifact`.
 
     Args:
         source: CUDA C++ source (str or bytes).  Kernels you look up by name
             should be ``extern "C"``.
-        options: compiler options, kept as given (``-I`` directories are
-            fingerprinted into the key).
+        options: compiler options, kept as given except that relative paths
+            (``-I inc``) are made absolute against the working directory.
+            Every file the compile reads is recorded and re-checked on a hit.
         target: ``'auto'`` (default), ``'native'``, ``'compute_XY'``,
             ``'sm_XY'``, ``'X.Y'`` or a comma list; ``None`` reads
             ``PTXBACKEND_TARGET``.
@@ -204,11 +262,15 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
         device_cc: the GPU to build for, e.g. ``'7.5'`` (default: the current
             device, or ``PTXBACKEND_DEVICE_CC``).
         cache_dir: overrides ``PTXBACKEND_CACHE_DIR``.
-        name: the file name the compiler reports errors against.
+        name: the file name the compiler reports errors against (and that
+            ``assert`` writes into the image); part of the key.
+        source_dir: where the source file lives, if it is a file: its
+            ``#include "..."`` lines find headers beside it, as a compiler
+            run in that directory would.
     """
     settings = compile_settings(target, compiler, device_cc, cache_dir)
     options = tuple(str(o) for o in options) if options else ()
-    artifact = _compile(settings, source, options, compiler, name)
+    artifact = _compile(settings, source, options, compiler, name, source_dir)
     artifact.cubin_cache = settings.cubin_cache
     if settings.record:
         record_request(artifact.key, source, options, str(settings.target), artifact.producer.split("-")[0],
@@ -216,75 +278,134 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
     return artifact
 
 
-def _compile(settings, source, options, compiler, name, jit_first=True):
+def _host(comp, path_options):
+    """The host compiler nvcc preprocesses with, as the key names it ('' for NVRTC)."""
+    ccbin = path_options.ccbin
+    if ccbin and hasattr(comp, "host_compiler"):
+        host = comp.host_compiler(ccbin)
+        return host.host, host.system_dirs
+    return comp.identity.host, ()
+
+
+def _compile(settings, source, options, compiler, name, source_dir=None, jit_first=True):
     configure_logging(settings.log)
     store, comp, missing = _prepare(settings, compiler)
     cc = device_compute_capability(settings)
     # On a warm start with the cubin level on, the JIT cubin is all load() needs: look for it first.
     jit_first = jit_first and settings.cubin_cache and settings.device_cc is None and cc is not None
-    dirs = include_dirs(options) if options else ()
-    headers = header_fingerprint(dirs, os.path.join(store.meta_dir, "headers")) if dirs else ""
     if comp is None:
-        return _from_cache_only(store, source, options, settings.target, cc, headers, missing)
+        return _from_cache_only(store, settings, source, options, name, source_dir, cc, missing)
     chosen, reason = _choose_target(settings.target, comp, cc)
     if chosen.output_kind not in comp.output_kinds:
         raise TargetError("%s cannot produce a %s (target %s); use nvcc (PTXBACKEND_COMPILER=nvcc) "
                           "or a target it supports: %s" % (comp.identity.producer, chosen.output_kind,
                                                            chosen, ", ".join(comp.output_kinds)))
-    key = request_key(source, options, chosen, headers)
+    request = _request(options, name, source_dir, comp.kind, comp.identity.host,
+                       _environment(settings, type(comp)))
+    extra_system = ()
+    if request.path_options.ccbin:
+        host, extra_system = _host(comp, request.path_options)
+        request = _request(options, name, source_dir, comp.kind, host, _environment(settings, type(comp)))
+    key = request_key(source, request.options, chosen, request.context)
     producer = comp.identity.producer
     path = store.entry_path(producer, chosen, key, chosen.output_kind)
     if jit_first:
         artifact = _jit_hit(store, chosen, producer, key, path, reason, cc)
         if artifact is not None:
             # The PTX entry is read only if asked for (artifact.image), through the usual path.
-            artifact._refetch = lambda: _compile(settings, source, options, compiler, name, False).image
+            artifact._refetch = lambda: _compile(settings, source, options, compiler, name, source_dir,
+                                                 False).image
             return artifact
-    found = store.read(path, key, chosen.output_kind, False)
+    found = _valid(store.read(path, key, chosen.output_kind, False, True), path)
     if found is None:
         with store.lock(path):
-            found = store.read(path, key, chosen.output_kind, False)
+            found = _valid(store.read(path, key, chosen.output_kind, False, True), path)
             if found is None:
-                image = comp.compile(source, options, chosen, name)
+                inputs = list(request.path_options.option_files)
+                started = time.time()
+                image = comp.compile(source, request.options, chosen, name, inputs)
+                section = _dependency_section(inputs, started, comp, request, extra_system)
                 try:
-                    store.write(path, image, _metadata(key, chosen, producer, options, "compile"))
+                    store.write(path, image, _metadata(key, chosen, producer, request.options, "compile"),
+                                section)
                     store.save_identity(comp.identity)
                 except OSError as exc:
                     store.note_unwritable(exc)  # once per store, with the lock's own failure
                 log.debug("ptxbackend: compiled %s for %s with %s", key[:12], chosen, producer)
-                return Artifact(image, chosen.output_kind, chosen, producer, key, path, False, reason,
-                                cc, store)
+                artifact = Artifact(image, chosen.output_kind, chosen, producer, key, path, False, reason,
+                                    cc, store)
+                artifact.deps = section
+                return artifact
     log.debug("ptxbackend: cache hit %s", path)
-    return Artifact(found[0], chosen.output_kind, chosen, producer, key, path, True, reason, cc, store)
+    artifact = Artifact(found[0], chosen.output_kind, chosen, producer, key, path, True, reason, cc, store)
+    artifact.deps = found[2]
+    return artifact
+
+
+def _valid(found, path, system_too=True, missing_ok=False):
+    """``found`` when the files its compile read still hold the same bytes, else ``None`` (a miss)."""
+    if found is None or deps.still_valid(found[2], system_too, missing_ok):
+        return found
+    log.debug("ptxbackend: %s: a file the compile read has changed; compiling again", path)
+    return None
+
+
+def _dependency_section(inputs, started, comp, request, extra_system):
+    seen = set()
+    unique = [p for p in inputs if not (p in seen or seen.add(p))]
+    named = request.path_options.named_dirs + _environment_dirs()
+    user, system = deps.split_system(unique, list(comp.identity.system_dirs) + list(extra_system), named)
+    return deps.encode(deps.record(user, started), deps.record(system, started))
+
+
+def _environment_dirs():
+    """Include directories named by the environment: their headers are the user's."""
+    dirs = []
+    for name in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
+        dirs += [os.path.realpath(d) for d in (os.environ.get(name) or "").split(os.pathsep) if d]
+    return dirs
 
 
 def _jit_hit(store, target, producer, key, path, reason, cc):
     if target.output_kind != "ptx":
         return None
     build = driver.driver_build()
-    found = store.read(store.jit_path(producer, target, key, cc, build), key, "cubin", False)
+    found = _valid(store.read(store.jit_path(producer, target, key, cc, build), key, "cubin", False, True),
+                   path)
     if found is None:
         return None
     log.debug("ptxbackend: cache hit %s (cubin level)", path)
     artifact = Artifact(None, "ptx", target, producer, key, path, True, reason, cc, store)
     artifact.jit = (cc, build, found[0])
+    artifact.deps = found[2]
     return artifact
 
 
-def _from_cache_only(store, source, options, target_spec, cc, headers, missing):
-    """No compiler here: look for the request under every producer the cache knows."""
+def _from_cache_only(store, settings, source, options, name, source_dir, cc, missing):
+    """No compiler here: look for the request under every producer the cache knows.
+
+    The toolkit's own headers are not on this machine, so only the caller's
+    headers are checked: one that exists must be unchanged.
+    """
     for identity in store.identities():
         try:
-            chosen, reason = choose_target(target_spec, identity, cc)
+            chosen, reason = choose_target(settings.target, identity, cc)
         except TargetError:
             continue
-        key = request_key(source, options, chosen, headers)
+        backend = COMPILERS.get(identity.kind)
+        if backend is None:
+            continue
+        request = _request(options, name, source_dir, identity.kind, identity.host,
+                           _environment(settings, backend))
+        key = request_key(source, request.options, chosen, request.context)
         path = store.entry_path(identity.producer, chosen, key, chosen.output_kind)
-        found = store.read(path, key, chosen.output_kind)
+        found = _valid(store.read(path, key, chosen.output_kind, True, True), path, False, True)
         if found is not None:
             log.debug("ptxbackend: no compiler; cache hit from %s", identity.producer)
-            return Artifact(found[0], chosen.output_kind, chosen, identity.producer, key, path, True,
-                            reason + " (cached; no compiler on this machine)", cc, store)
+            artifact = Artifact(found[0], chosen.output_kind, chosen, identity.producer, key, path, True,
+                                reason + " (cached; no compiler on this machine)", cc, store)
+            artifact.deps = found[2]
+            return artifact
     raise CompilerNotFoundError(
         "%s\nThe cache at %s has no entry for this kernel either. Import a bundle made on a "
         "build box with the same kernels, or install a compiler." % (missing, store.root))
@@ -307,13 +428,14 @@ def loadable_image(artifact, cubin_cache=None):
         return artifact.jit[2], "cubin"
     store = artifact.store
     path = _jit_path(artifact)
-    found = store.read(path, artifact.key, "cubin", False)
-    if found is not None:
+    found = store.read(path, artifact.key, "cubin", False, True)
+    # Linked from the PTX of the same compile only: a recompile after a header changed keeps the key.
+    if found is not None and found[2] == artifact.deps:
         return found[0], "cubin"
     cubin = driver.link_ptx(artifact.image)
     try:
         store.write(path, cubin, _metadata(artifact.key, artifact.target, artifact.producer, (), "jit",
-                                           device_cc=cc, driver=driver.driver_build()))
+                                           device_cc=cc, driver=driver.driver_build()), artifact.deps)
     except OSError as exc:
         store.note_unwritable(exc)
     return cubin, "cubin"
@@ -364,4 +486,6 @@ def _reset_for_tests():
         _device_ccs.clear()
         _choices.clear()
         _prepared.clear()
+        _requests.clear()
         _warned.clear()
+    deps.forget()

@@ -12,12 +12,13 @@ one JSON line with its timings.
 """
 
 import ctypes
-import glob
 import json
 import os
 import subprocess
 import sys
 import time
+
+from .libsearch import find_cuda_library
 
 JIT_CACHE_MAX = str(4 << 30)
 _PREFIX = {"curand": "libcurand.so", "cublas": "libcublas.so", "cudnn": "libcudnn.so"}
@@ -32,26 +33,20 @@ def library_kind(path):
 
 
 def find_library(name_or_path):
-    """A library path from a path or a short name (cudnn, cublas, curand)."""
+    """A library path from a path or a short name (cudnn, cublas, curand).
+
+    A short name is looked for where :func:`ptxbackend.libsearch.find_cuda_library`
+    looks (the CUDA toolkit, the nvidia-* wheels, LD_LIBRARY_PATH, the loader cache).
+    """
     if os.path.sep in name_or_path or os.path.isfile(name_or_path):
         if not os.path.isfile(name_or_path):
             raise OSError("library %s does not exist" % name_or_path)
         return os.path.abspath(name_or_path)
-    prefix = _PREFIX.get(name_or_path.lower(), "lib%s.so" % name_or_path)
-    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
-    for entry in sys.path:
-        dirs.extend(glob.glob(os.path.join(entry, "nvidia", "*", "lib")))
-    for root in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if root:
-            dirs.extend([os.path.join(root, "lib64"), os.path.join(root, "targets", "x86_64-linux", "lib")])
-    dirs.extend(["/usr/lib/x86_64-linux-gnu", "/usr/lib64"])
-    for directory in dirs:
-        found = sorted(glob.glob(os.path.join(directory, prefix + "*")))
-        found = [f for f in found if "_static" not in f and not f.endswith(".a")]
-        if found:
-            return found[-1]
-    raise OSError("no %s* found in LD_LIBRARY_PATH, the nvidia-* wheels or the CUDA toolkit; give its path"
-                  % prefix)
+    stem = name_or_path.lower() if name_or_path.lower() in _PREFIX else name_or_path
+    path, looked = find_cuda_library(stem)
+    if path:
+        return path
+    raise OSError("no lib%s.so* found; give its path. Looked in:\n  - %s" % (stem, "\n  - ".join(looked)))
 
 
 def _check(status, call):

@@ -46,9 +46,7 @@ def clean_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("PTXBACKEND_CONFIG", str(tmp_path / "no-config.ini"))
     monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(tmp_path / "cache"))
     from ptxbackend import engine
-    from ptxbackend.cache import keys
     engine._reset_for_tests()
-    keys.forget_fingerprints()
     yield
     engine._reset_for_tests()
 
@@ -113,11 +111,28 @@ def logging_nvcc(tmp_path, nvcc13):
 
 
 def count_calls(log, word=None):
-    """Number of logged compiler invocations (optionally only those containing ``word``)."""
+    """Number of logged compiler invocations (optionally only those containing ``word``).
+
+    ``-dryrun`` runs are the identity probe (nvcc only prints what it would do), never a compile.
+    """
     if not os.path.exists(str(log)):
         return 0
     with open(str(log)) as handle:
-        return sum(1 for line in handle if word is None or word in line)
+        return sum(1 for line in handle
+                   if (word is None or word in line) and not (word and "-dryrun" in line))
+
+
+# Run first in a child Python to make it a machine without NVRTC: the wheel's directory leaves
+# sys.path (everything else already imported stays usable).
+HIDE_NVRTC = ("import os, sys, filelock, platformdirs; "
+              "sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or '.', 'nvidia'))]; ")
+
+
+def hide_nvrtc(monkeypatch):
+    """This process, from now on, as a machine with no NVRTC wheel."""
+    import filelock  # noqa: F401  (imported while site-packages is still on sys.path)
+    import platformdirs  # noqa: F401
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "nvidia"))])
 
 
 def gpu_available():

@@ -61,6 +61,18 @@ def test_run_py_help_works():
                           stderr=subprocess.PIPE, universal_newlines=True)
     assert proc.returncode == 0, proc.stderr
     assert "--quick" in proc.stdout and "--out" in proc.stdout and "--legacy-results" in proc.stdout
+    assert "--ptxbackend-src" in proc.stdout and "--warm-rows" in proc.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ptxbackend-src", "/nonexistent-dir"], "no ptxbackend/__init__.py"),
+    (["--ptxbackend-src", REPO, "--sections", "warm,hook"], "hook section"),
+    (["--warm-rows", "pb_cubin,nonsense"], "unknown row(s) nonsense"),
+])
+def test_run_py_refuses_bad_warm_options(argv, message):
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py")] + argv, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
 def test_summarize_reports_median_and_spread(bench_modules):
@@ -145,3 +157,103 @@ def test_quick_benchmark_run(tmp_path):
     assert all(s["status"] in ("ok", "skipped") for s in data["sections"].values()), \
         {k: s.get("notes") for k, s in data["sections"].items() if s["status"] not in ("ok", "skipped")}
     assert "## Targets" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("toolkit", ["nvcc13", "nvcc112", "nvrtc117"])
+def test_header_tree_kernel_compiles_to_the_plain_kernel(bench_modules, toolkit, request, monkeypatch, tmp_path):
+    """The warm section's headers row: the tree compiles with every old and new compiler, and to the
+    very code of the plain row, so that the two rows differ only in ptxbackend's own work."""
+    benchutil, _ = bench_modules
+    import ptxbackend
+    path = request.getfixturevalue(toolkit)
+    kind = "nvrtc" if toolkit.startswith("nvrtc") else "nvcc"
+    monkeypatch.setenv("PTXBACKEND_NVRTC" if kind == "nvrtc" else "PTXBACKEND_NVCC", path)
+    include = str(tmp_path / "include")
+    names = benchutil.write_header_tree(include)
+    assert benchutil.HEADER_ROOT in names and len(names) == 9
+    for name in names:  # no standard library headers: NVRTC has none
+        with open(os.path.join(include, name)) as handle:
+            includes = [line for line in handle if line.lstrip().startswith("#include")]
+        assert all("<bench/" in line for line in includes), (name, includes)
+    source = benchutil.kernel_source("elementwise", 7, benchutil.HEADER_ROOT)
+    assert source.startswith("#include <bench/carray.cuh>\n")
+    build = dict(compiler=kind, target="compute_86", device_cc="9.0")  # what the warm section builds on an H200
+    cold = ptxbackend.compile(source, ("-I", include), **build)
+    hit = ptxbackend.compile(source, ("-I", include), **build)
+    plain = ptxbackend.compile(benchutil.kernel_source("elementwise", 7), (), **build)
+    assert not cold.cache_hit and hit.cache_hit and hit.key == cold.key != plain.key
+    assert cold.kind == "ptx" and b".entry bench_axpby_strided" in cold.image
+    assert cold.image == plain.image
+
+
+def test_children_import_ptxbackend_from_ptxbackend_src(bench_modules, monkeypatch, tmp_path):
+    benchutil, _ = bench_modules
+    package = tmp_path / "old" / "ptxbackend"
+    (package / "cache").mkdir(parents=True)
+    (package / "__init__.py").write_text('__version__ = "0.0.old"\n')
+    (package / "cache" / "__init__.py").write_text("")
+    (package / "tool.sh").write_text("#!/bin/sh\n")
+    (package / "tool.sh").chmod(0o755)
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "x.pyc").write_bytes(b"not in git")
+    monkeypatch.setattr(benchutil, "_ptxbackend_src", None)
+    benchutil.set_ptxbackend_src(str(tmp_path / "old"))
+    got = benchutil.spawn("benchutil", "ptxbackend_probe", {}, benchutil.clean_env(), timeout=120)
+    assert got == {"version": "0.0.old", "dir": os.path.realpath(str(tmp_path / "old"))}
+    assert benchutil.clean_env()["PYTHONPATH"].startswith(os.path.realpath(str(tmp_path / "old")) + os.pathsep)
+    described = benchutil.describe_ptxbackend_src(benchutil.ptxbackend_src())
+    assert described["commit"] is None  # not a work tree of its own (tmp_path is in none)
+    git = __import__("shutil").which("git")
+    if git:  # the tree id is git's own: `git rev-parse COMMIT:ptxbackend` names an archive of COMMIT
+        repo = str(tmp_path / "old")
+        subprocess.check_call([git, "init", "-q", repo])
+        subprocess.check_call([git, "-C", repo, "add", "ptxbackend/__init__.py", "ptxbackend/cache",
+                               "ptxbackend/tool.sh"])
+        tree = subprocess.check_output([git, "-C", repo, "write-tree"], universal_newlines=True).strip()
+        expected = subprocess.check_output([git, "-C", repo, "rev-parse", tree + ":ptxbackend"],
+                                           universal_newlines=True).strip()
+        assert described["tree"] == expected
+
+
+def _warm_results(benchutil, hit_us, compile_us, tree, host="box"):
+    stats = {}
+    for key in hit_us:
+        stats[key] = {n: {"per_kernel_ms": benchutil.summarize([v / 1000.0 for v in hit_us[key][n]], "ms"),
+                          "compile_ms": benchutil.summarize([v / 1000.0 for v in compile_us[key][n]], "ms")}
+                      for n in hit_us[key]}
+    source = {"version": "0.2.0", "dir": "/x", "tree": tree, "commit": None}
+    return {"created": "c", "machine": {"hostname": host}, "gpu": {"name": "NVIDIA H200", "driver_build": "580"},
+            "ptxbackend": source,
+            "sections": {"warm": {"status": "ok", "stats": stats, "run": {"created": "c", "ptxbackend_src": source},
+                                  "rows": [["pb_cubin", "plain hit"], ["pb_cubin_hdr", "hit with headers"]]}}}
+
+
+def test_compare_warm_judges_the_issue_budgets(bench_modules, tmp_path):
+    benchutil, _ = bench_modules
+    import compare_warm
+    before = _warm_results(benchutil, {"pb_cubin": {"1": [300.0], "100": [180.0, 190.0, 200.0]},
+                                       "pb_cubin_hdr": {"100": [185.0, 190.0, 195.0]}},
+                           {"pb_cubin": {"1": [80.0], "100": [60.0]}, "pb_cubin_hdr": {"100": [62.0]}}, "a" * 40)
+    after = _warm_results(benchutil, {"pb_cubin": {"1": [290.0], "100": [195.0, 199.0, 205.0]},
+                                      "pb_cubin_hdr": {"100": [220.0, 230.0, 240.0]}},
+                          {"pb_cubin": {"1": [81.0], "100": [70.0]}, "pb_cubin_hdr": {"100": [105.0]}}, "b" * 40)
+    paths = []
+    for name, data in (("before", before), ("after", after)):
+        (tmp_path / name).mkdir()
+        paths.append(str(tmp_path / name / "results.json"))
+        with open(paths[-1], "w") as handle:
+            json.dump(data, handle)
+    text, verdicts = compare_warm.render(*paths)
+    assert verdicts["pb_cubin"][0] == pytest.approx(9.0) and verdicts["pb_cubin"][2]       # +9 <= +10
+    assert verdicts["pb_cubin_hdr"][0] == pytest.approx(40.0) and not verdicts["pb_cubin_hdr"][2]  # +40 > +30
+    assert "two separate runs on the same machine" in text and "warning" not in text
+    assert "| plain hit | 100 | 190.0 (180-200) | 199.0 (195-205) | +9.0 | +10 | met |" in text
+    assert "| hit with headers, compile() only | 100 | 62.0 | 105.0 | +43.0 | - | - |" in text
+    assert "| plain hit | 1 | 300.0 | 290.0 | -10.0 | - | - |" in text
+    assert compare_warm.main(paths) == 0
+    assert (tmp_path / "after" / "compare-warm.md").read_text() == text
+    with open(paths[1], "w") as handle:
+        json.dump(_warm_results(benchutil, {"pb_cubin": {"100": [1.0]}}, {"pb_cubin": {"100": [1.0]}}, "a" * 40,
+                                host="other"), handle)
+    text, _ = compare_warm.render(*paths)
+    assert "differ in host" in text and "same ptxbackend" in text and "with headers, N=100: not measured" in text

@@ -5,7 +5,8 @@ import stat
 
 import pytest
 
-from ptxbackend.cache import DirectoryStore, entry, header_fingerprint, include_dirs, keys, request_key
+from ptxbackend.cache import DirectoryStore, entry, request_key
+from ptxbackend.compilers.options import read_path_options
 from ptxbackend.errors import CacheError
 from ptxbackend.targets import parse_target
 
@@ -46,7 +47,7 @@ def test_entry_key_and_kind_are_checked_without_the_metadata():
 
 def test_entry_checksum_covers_the_header():
     blob = bytearray(entry.encode(b"x" * 50, {"key": "k", "kind": "ptx"}))
-    blob[20] ^= 1  # inside the key field: still a well-formed header
+    blob[30] ^= 1  # inside the key field: still a well-formed header
     with pytest.raises(entry.CorruptEntry, match="checksum mismatch"):
         entry.decode(bytes(blob))
 
@@ -76,45 +77,41 @@ def test_entry_for_another_key_is_rejected():
 
 
 def test_request_key_depends_on_each_part():
-    base = request_key("src", ("-DX=1",), parse_target("compute_75"), "")
-    assert base == request_key(u"src", ["-DX=1"], parse_target("compute_75"), "")
+    base = request_key("src", ("-DX=1",), parse_target("compute_75"), ())
+    assert base == request_key(u"src", ["-DX=1"], parse_target("compute_75"), ())
     others = {
-        request_key("src2", ("-DX=1",), parse_target("compute_75"), ""),
-        request_key("src", ("-DX=2",), parse_target("compute_75"), ""),
-        request_key("src", ("-DX=1",), parse_target("compute_80"), ""),
-        request_key("src", ("-DX=1",), parse_target("sm_75"), ""),
-        request_key("src", ("-DX=1",), parse_target("compute_75"), "h"),
+        request_key("src2", ("-DX=1",), parse_target("compute_75"), ()),
+        request_key("src", ("-DX=2",), parse_target("compute_75"), ()),
+        request_key("src", ("-DX=1",), parse_target("compute_80"), ()),
+        request_key("src", ("-DX=1",), parse_target("sm_75"), ()),
+        request_key("src", ("-DX=1",), parse_target("compute_75"), ("other.cu",)),
     }
     assert base not in others and len(others) == 5
 
 
 def test_include_dirs_forms(tmp_path):
     a, b, c = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "c")
-    assert include_dirs(["-I" + a, "-I", b, "--include-path=" + c, "-DX"]) == [a, b, c]
-    assert include_dirs(["-I " + a]) == [a]  # CuPy v2-v9 put a space after -I
+    parsed = read_path_options(["-I" + a, "-I", b, "--include-path=" + c, "-DX"])
+    assert parsed.include_dirs == [a, b, c]
+    assert read_path_options(["-I " + a]).include_dirs == [a]  # CuPy v2-v9 put a space after -I
+    assert read_path_options(["-I " + a]).options == ("-I " + a,)  # absolute paths keep their spelling
 
 
-def test_header_fingerprint_follows_content_not_time(tmp_path):
-    inc = tmp_path / "inc"
-    inc.mkdir()
-    header = inc / "h.cuh"
-    header.write_text("#define A 1\n")
-    memo = str(tmp_path / "memo")
-    first = header_fingerprint([str(inc)], memo)
-    keys.forget_fingerprints()
-    os.utime(str(header), (1, 1))
-    assert header_fingerprint([str(inc)], memo) == first  # same content, other mtime
-    keys.forget_fingerprints()
-    header.write_text("#define A 2\n")
-    assert header_fingerprint([str(inc)], memo) != first
+def test_relative_paths_in_options_are_made_absolute(tmp_path):
+    parsed = read_path_options(["-I", "inc", "-Isub", "-isystem", "sys", "-include", "pre.h", "-DX=inc"],
+                               str(tmp_path))
+    assert parsed.options == ("-I", str(tmp_path / "inc"), "-I" + str(tmp_path / "sub"),
+                              "-isystem", str(tmp_path / "sys"), "-include", str(tmp_path / "pre.h"), "-DX=inc")
+    assert parsed.named_dirs == [str(tmp_path / "inc"), str(tmp_path / "sub"), str(tmp_path / "sys")]
+    assert parsed.pre_includes == [str(tmp_path / "pre.h")]
 
 
 def test_store_write_read_and_private_modes(tmp_path):
     store = DirectoryStore(str(tmp_path / "c"))
     path = store.entry_path("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, "ptx")
-    assert "/v2/nvcc-13.0.88/compute_75/ab/" + "ab" + "0" * 62 + ".ptx" in path
+    assert "/v3/nvcc-13.0.88/compute_75/ab/" + "ab" + "0" * 62 + ".ptx" in path
     jit = store.jit_path("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, 90, "580.1")
-    assert jit.endswith("/v2/nvcc-13.0.88/compute_75/jit/sm_90-580.1/ab/" + "ab" + "0" * 62 + ".cubin")
+    assert jit.endswith("/v3/nvcc-13.0.88/compute_75/jit/sm_90-580.1/ab/" + "ab" + "0" * 62 + ".cubin")
     store.write(path, b"ptx text", {"key": "ab" + "0" * 62, "kind": "ptx"})
     assert store.read(path, "ab" + "0" * 62, "ptx")[0] == b"ptx text"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -188,4 +185,6 @@ def test_identity_is_written_once(tmp_path):
     os.utime(path, (1, 1))
     store.save_identity(identity)
     assert os.stat(path).st_mtime == 1  # unchanged identity: not rewritten
-    assert [i.to_json() for i in store.identities()] == [CompilerIdentity.from_json(identity.to_json()).to_json()]
+    assert [i.producer_record() for i in store.identities()] == [identity.producer_record()]
+    # A producer record is data for choosing targets: it names no program or library of this machine.
+    assert "/x/nvcc" not in open(path).read()

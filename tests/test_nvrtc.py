@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from ptxbackend import libsearch
 from ptxbackend.compilers import nvrtc
 from ptxbackend.compilers.base import CompilerIdentity
 from ptxbackend.compilers.nvrtc import (NVRTC_ENV, NvrtcCompiler, find_nvrtc, nvrtc_compiler,
@@ -412,7 +413,7 @@ def _isolate_search(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     empty_bin = _touch(tmp_path / "empty-bin")
     monkeypatch.setenv("PATH", str(empty_bin))
-    if nvrtc._best_in_dir("/usr/local/cuda/lib64"):
+    if libsearch.best_in_dir("/usr/local/cuda/lib64", "nvrtc"):
         pytest.skip("/usr/local/cuda/lib64 holds an NVRTC, which is searched before wheels")
 
 

@@ -1,12 +1,12 @@
 """A cache store in a local directory.
 
-Layout under the root (``v2`` is the schema version)::
+Layout under the root (``v3`` is the schema version)::
 
-    v2/<producer>/<target>/<kk>/<key>.<kind>                      compiler output
-    v2/<producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin  the driver's JIT of a PTX entry
-    v2/<producer>/identity.json                                   what that producer can emit
-    v2/locks/<kk>/<hash>.lock                                     one lock per entry path
-    v2/meta/                                                      compiler identities, header fingerprints
+    v3/<producer>/<target>/<kk>/<key>.<kind>                      compiler output
+    v3/<producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin  the driver's JIT of a PTX entry
+    v3/<producer>/identity.json                                   what that producer can emit
+    v3/locks/<kk>/<hash>.lock                                     one lock per entry path
+    v3/meta/compilers/                                            this machine's compiler identities
 
 Reads take no lock: entries are renamed into place whole, so a reader sees a
 complete file or none.  Only a miss takes the entry's lock, with a bounded
@@ -100,12 +100,13 @@ class DirectoryStore(object):
         return os.path.join(self.base, "locks", name[:2], name + ".lock")
 
     # -- entries -------------------------------------------------------------------------------
-    def read(self, path, key, kind, with_metadata=True):
+    def read(self, path, key, kind, with_metadata=True, with_deps=False):
         """Return ``(payload, metadata)`` for a valid entry, or ``None``.
 
         A corrupt, truncated, foreign or planted (symlink, directory) entry is
         removed with a warning, so the caller rebuilds it.  ``with_metadata=False``
-        returns ``None`` for the metadata and spares parsing it.
+        returns ``None`` for the metadata and spares parsing it; ``with_deps``
+        adds the dependency section as a third item.
         """
         try:
             blob, st = _fsutil.read_file_and_stat(path)
@@ -118,17 +119,17 @@ class DirectoryStore(object):
             self._discard(path, "cannot be read (%s)" % (exc.strerror or exc))
             return None
         try:
-            payload, metadata = entry_format.decode(blob, key, kind, with_metadata)
+            found = entry_format.decode_all(blob, key, kind, with_metadata)
         except entry_format.CorruptEntry as exc:
             self._discard(path, str(exc))
             return None
         self._touch(path, st.st_mtime)
-        return payload, metadata
+        return found if with_deps else found[:2]
 
-    def write(self, path, payload, metadata):
+    def write(self, path, payload, metadata, deps=b""):
         """Store an entry atomically; prune now and then.  Raises ``OSError`` (e.g. ENOSPC)."""
         _fsutil.make_private_dirs(os.path.dirname(path))
-        _fsutil.write_atomic(path, entry_format.encode(payload, metadata))
+        _fsutil.write_atomic(path, entry_format.encode(payload, metadata, deps))
         self._maybe_prune()
 
     def note_unwritable(self, exc):
@@ -194,7 +195,7 @@ class DirectoryStore(object):
     def save_identity(self, identity):
         """Record what a producer can emit, so a machine without it can still resolve targets."""
         path = os.path.join(self.base, identity.producer, "identity.json")
-        blob = json.dumps(identity.to_json(), sort_keys=True).encode("utf-8")
+        blob = json.dumps(identity.producer_record(), sort_keys=True).encode("utf-8")
         try:
             if _fsutil.read_file(path) == blob:
                 return  # the usual case: written by an earlier miss; spare the fsync

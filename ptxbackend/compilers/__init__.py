@@ -4,7 +4,11 @@ import os
 
 from ..errors import CompilerNotFoundError
 from .base import Compiler, CompilerIdentity
+from .nvcc import NvccCompiler
+from .nvrtc import NvrtcCompiler
 
+#: kind -> backend class, in the order ``compiler=None`` tries them
+COMPILERS = {"nvcc": NvccCompiler, "nvrtc": NvrtcCompiler}
 KINDS = ("nvcc", "nvrtc")
 
 
@@ -16,24 +20,23 @@ def get_compiler(kind=None, nvcc_path=None, nvrtc_path=None, memo_dir=None):
         nvcc_path, nvrtc_path: explicit program / library paths (else each is searched for).
         memo_dir: where compiler identities are remembered between processes.
     """
-    from .nvcc import nvcc_compiler
-    from .nvrtc import nvrtc_compiler
-    if kind is None:
+    explicit = {"nvcc": nvcc_path, "nvrtc": nvrtc_path}
+    if kind is not None:
+        backend = COMPILERS.get(kind)
+        if backend is None:
+            raise CompilerNotFoundError("unknown compiler %r: use one of %s (PTXBACKEND_COMPILER)"
+                                        % (kind, ", ".join(KINDS)))
+        return backend.open(explicit[kind], memo_dir)
+    failures = []
+    for name in KINDS:
         try:
-            return nvcc_compiler(nvcc_path, memo_dir)
-        except CompilerNotFoundError as nvcc_error:
-            if nvcc_path or os.environ.get("PTXBACKEND_NVCC"):
-                # The nvcc the user named is broken: say so rather than build with NVRTC instead.
+            return COMPILERS[name].open(explicit[name], memo_dir)
+        except CompilerNotFoundError as missing:
+            if explicit[name] or os.environ.get("PTXBACKEND_" + name.upper()):
+                # The compiler the user named is broken: say so rather than build with another.
                 raise
-            try:
-                return nvrtc_compiler(nvrtc_path, memo_dir)
-            except CompilerNotFoundError as nvrtc_error:
-                raise CompilerNotFoundError("no CUDA compiler found.\n- %s\n- %s" % (nvcc_error, nvrtc_error))
-    if kind == "nvcc":
-        return nvcc_compiler(nvcc_path, memo_dir)
-    if kind == "nvrtc":
-        return nvrtc_compiler(nvrtc_path, memo_dir)
-    raise CompilerNotFoundError("unknown compiler %r: use one of %s (PTXBACKEND_COMPILER)" % (kind, ", ".join(KINDS)))
+            failures.append(missing)
+    raise CompilerNotFoundError("no CUDA compiler found.\n%s" % "\n".join("- %s" % f for f in failures))
 
 
-__all__ = ["Compiler", "CompilerIdentity", "KINDS", "get_compiler"]
+__all__ = ["COMPILERS", "Compiler", "CompilerIdentity", "KINDS", "get_compiler"]

@@ -33,61 +33,104 @@ def archs_from_table(version):
     return known
 
 
-class CompilerIdentity(object):
-    """Who produces an image: kind, real path, version, and what it can emit.
+def file_signature(path):
+    """What a stat says of ``path`` (following links, as running or loading it does), or ``None``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
-    ``producer`` (e.g. ``nvcc-11.2.152``) names the cache subtree and is stored
-    in every entry's metadata, so outputs of two toolkits never mix.
-    ``archs_reliable`` is true when the lists came from the tool itself rather
-    than from the table.
+
+class CompilerIdentity(object):
+    """Who produces an image: kind, the path discovery found, full version, and what it can emit.
+
+    ``producer`` (e.g. ``nvcc-13.0.88``, ``nvrtc-12.0.140``) names the cache
+    subtree and is stored in every entry's metadata, so outputs of two
+    toolkits never mix.  ``archs_reliable`` is true when the lists came from
+    the tool itself rather than from the table.
+
+    ``files`` lists ``[path, signature]`` of the files that do the work (for
+    nvcc: the program found, the real nvcc behind any wrapper, cicc, ptxas,
+    libdevice, nvcc.profile and the host compiler; for NVRTC: the library
+    and its builtins), as the tool itself reports them, links unresolved: a
+    ``/usr/local/cuda`` link swapped to another toolkit changes what a stat
+    of those paths sees.  :meth:`unchanged` re-checks them on every call.
+    ``system_dirs`` are the toolkit's and the host compiler's own include
+    directories; ``host`` names the host compiler and its version.
     """
 
-    __slots__ = ("kind", "path", "version", "virtual_archs", "real_archs", "archs_reliable")
+    __slots__ = ("kind", "path", "version", "virtual_archs", "real_archs", "archs_reliable",
+                 "files", "system_dirs", "host")
 
-    def __init__(self, kind, path, version, virtual_archs, real_archs, archs_reliable):
+    def __init__(self, kind, path, version, virtual_archs, real_archs, archs_reliable,
+                 files=(), system_dirs=(), host=""):
         self.kind = kind
         self.path = path
         self.version = version
         self.virtual_archs = tuple(sorted(set(int(a) for a in virtual_archs)))
         self.real_archs = tuple(sorted(set(int(a) for a in real_archs)))
         self.archs_reliable = bool(archs_reliable)
+        self.files = [[str(p), list(sig) if sig is not None else None] for p, sig in files]
+        self.system_dirs = [str(d) for d in system_dirs]
+        self.host = str(host or "")
 
     @property
     def producer(self):
         return "%s-%s" % (self.kind, self.version)
 
+    def unchanged(self):
+        """Whether every file that does the work is still the one probed (a stat each, no process)."""
+        for path, signature in self.files:
+            if file_signature(path) != signature:
+                return False
+        return True
+
     def to_json(self):
         return {name: getattr(self, name) for name in self.__slots__}
 
+    def producer_record(self):
+        """What a cache may keep of this identity: what it can emit and the host compiler's name
+        and version (part of every key), and no path of this machine."""
+        return {"kind": self.kind, "version": self.version, "virtual_archs": list(self.virtual_archs),
+                "real_archs": list(self.real_archs), "archs_reliable": self.archs_reliable, "host": self.host}
+
     @classmethod
     def from_json(cls, data):
-        return cls(data["kind"], data["path"], data["version"], data["virtual_archs"],
-                   data["real_archs"], data["archs_reliable"])
+        return cls(data["kind"], data.get("path", ""), data["version"], data["virtual_archs"],
+                   data["real_archs"], data["archs_reliable"], data.get("files", ()),
+                   data.get("system_dirs", ()), data.get("host", ""))
 
     def __repr__(self):
         return "CompilerIdentity(%s at %s)" % (self.producer, self.path)
 
 
-def remembered_identity(kind, path, probe, memo_dir):
-    """Return ``probe(path)``, remembered on disk keyed by real path, size and mtime.
+def remembered_identity(kind, path, probe, memo_dir, context=""):
+    """Return ``probe(path)``, remembered on disk while the files that do the work are unchanged.
 
-    This is what lets a warm start skip ``nvcc --version`` (a subprocess) and
-    the load of the NVRTC library: the memo is valid as long as the file at
-    ``path`` is unchanged.  A memo that cannot be read or written is ignored.
+    This is what lets a warm start skip ``nvcc --version`` and ``-dryrun``
+    (subprocesses) and the load of the NVRTC library.  The memo is named by
+    the program or library discovery found (and ``context``: what else
+    decides the result, e.g. PATH for nvcc's host compiler) and is used only
+    when it names that same path and every file it lists still stats the
+    same: a memo never decides what gets run or loaded, discovery does.  A
+    memo that cannot be read or written is ignored.
     """
-    real = os.path.realpath(path)
-    stat = os.stat(real)
-    fingerprint = "%s\0%s\0%d\0%d" % (kind, real, stat.st_size, getattr(stat, "st_mtime_ns", int(stat.st_mtime * 1e9)))
+    fingerprint = "%s\0%s\0%s" % (kind, path, context)
     memo = None
     if memo_dir:
-        memo = os.path.join(memo_dir, hashlib.sha256(fingerprint.encode("utf-8")).hexdigest()[:32] + ".json")
+        memo = os.path.join(memo_dir, hashlib.sha256(fingerprint.encode("utf-8", "surrogateescape"))
+                            .hexdigest()[:32] + ".json")
         try:
             data = json.loads(_fsutil.read_file(memo).decode("utf-8"))
             if data.get("fingerprint") == fingerprint:
-                return CompilerIdentity.from_json(data["identity"])
-        except (OSError, ValueError, KeyError, TypeError):
+                identity = CompilerIdentity.from_json(data["identity"])
+                if identity.kind == kind and identity.path == path and identity.files \
+                        and identity.unchanged():
+                    return identity
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
-    identity = probe(real)
+    identity = probe(path)
     if memo:
         try:
             _fsutil.make_private_dirs(memo_dir)
@@ -120,13 +163,21 @@ def unknown_arch_hint(log, identity):
 
 
 class Compiler(object):
-    """A compiler backend.  Subclasses set ``kind`` and implement :meth:`compile`.
+    """A compiler backend: how to find it, what it is, and how it compiles.
+
+    Subclasses set :attr:`kind` and implement :meth:`locate`, :meth:`probe`
+    and :meth:`compile`; :data:`ptxbackend.compilers.COMPILERS` maps each
+    kind to its class.
 
     Attributes:
         identity: the :class:`CompilerIdentity` of the tool in use.
     """
 
     kind = None
+    #: whether it can bundle several architectures into a fatbin
+    makes_fatbins = False
+    #: environment variables that change what it produces (part of every request's key)
+    environment = ()
 
     def __init__(self, identity):
         self.identity = identity
@@ -134,16 +185,49 @@ class Compiler(object):
     @property
     def output_kinds(self):
         """The output kinds this compiler can produce: a subset of ptx, cubin, fatbin."""
+        kinds = ("ptx",)
+        if self.identity.real_archs:
+            kinds += ("cubin",)
+        if self.makes_fatbins:
+            kinds += ("fatbin",)
+        return kinds
+
+    @classmethod
+    def locate(cls, explicit=None):
+        """The program or library to use: ``explicit``, else this machine's own discovery."""
         raise NotImplementedError
 
-    def compile(self, source, options, target, name="kernel.cu"):
+    @classmethod
+    def probe(cls, path):
+        """The :class:`CompilerIdentity` of the tool at ``path`` (may run or load it)."""
+        raise NotImplementedError
+
+    @classmethod
+    def compiled_name(cls, name):
+        """The file name the compiler sees for a source the caller calls ``name``."""
+        return str(name)
+
+    @classmethod
+    def discovery_context(cls):
+        """What besides the located path decides :meth:`probe`'s answer (remembered with it)."""
+        return ""
+
+    @classmethod
+    def open(cls, explicit=None, memo_dir=None):
+        """A ready compiler for the tool discovery finds, its identity remembered in ``memo_dir``."""
+        path = cls.locate(explicit)
+        return cls(remembered_identity(cls.kind, path, cls.probe, memo_dir, cls.discovery_context()))
+
+    def compile(self, source, options, target, name="kernel.cu", inputs=None):
         """Compile CUDA C++ ``source`` for ``target`` and return the image bytes.
 
         Args:
             source: the kernel source text.
             options: the caller's compiler options (a sequence of str), kept as given.
             target: a concrete :class:`~ptxbackend.targets.Target`.
-            name: the file name the compiler sees (appears in its messages).
+            name: the file name the compiler sees (appears in its messages and in ``assert``).
+            inputs: a list that receives the path of every file the compile read
+                besides the source, for the cache's dependency check.
 
         Raises:
             CompileError: the compiler failed; the error carries its log.

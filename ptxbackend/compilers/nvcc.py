@@ -2,12 +2,17 @@
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
 
+from ..config import NVCC_ENVIRONMENT
 from ..errors import CompileError, CompilerNotFoundError
-from .base import Compiler, CompilerIdentity, archs_from_table, remembered_identity, unknown_arch_hint
+from .base import (Compiler, CompilerIdentity, archs_from_table, file_signature, remembered_identity,
+                   unknown_arch_hint)
+from .includes import parse_depfile, scan_includes
+from .options import read_path_options
 
 NVCC_ENV = "PTXBACKEND_NVCC"
 
@@ -77,8 +82,90 @@ def _list_archs(path, flag, prefix):
     return archs or None
 
 
+def _dryrun_facts(path):
+    """What nvcc's ``-dryrun`` says of the files it would use: ``{name: value}`` and the host command.
+
+    It names the directory of the real nvcc behind any wrapper (``_HERE_``),
+    the toolkit root, cicc's and libdevice's directories, the include
+    directories and the host compiler, spelt as nvcc reached them (a link
+    like ``/usr/local/cuda`` is kept, so a later swap of it is seen).
+    """
+    try:
+        code, out = _run([path, "-dryrun", "--ptx", "-arch=compute_%d" % 75, "ptxbackend-probe.cu"],
+                         timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}, None
+    facts, host, cicc = {}, None, None
+    for line in out.splitlines():
+        if not line.startswith("#$ "):
+            continue
+        body = line[3:].strip()
+        name, eq, value = body.partition("=")
+        if eq and re.match(r"^[A-Z_]+$", name):
+            facts.setdefault(name, value)
+            continue
+        if cicc is None and re.match(r'^"?[^ ]*cicc"? ', body):
+            cicc = shlex.split(body)[0].replace("$CICC_PATH", facts.get("CICC_PATH", ""))
+            continue
+        if host is None and " -E " in " %s " % body and "cicc" not in body:
+            try:
+                host = shlex.split(body)[0]
+            except ValueError:
+                host = None
+    if cicc:
+        facts["cicc"] = cicc
+    return facts, host
+
+
+def _quoted_dirs(text):
+    try:
+        words = shlex.split(text or "")
+    except ValueError:
+        return []
+    dirs = []
+    for index, word in enumerate(words):
+        if word.startswith("-I") and len(word) > 2:
+            dirs.append(word[2:])
+        elif word == "-isystem" and index + 1 < len(words):
+            dirs.append(words[index + 1])
+    return dirs
+
+
+def probe_host(path):
+    """The host compiler at ``path``: its version and its own include directories (spawns it)."""
+    version = ""
+    try:
+        code, out = _run([path, "-dumpfullversion", "-dumpversion"], timeout=60)
+        if code == 0:
+            version = out.strip().splitlines()[0] if out.strip() else ""
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    dirs = []
+    try:
+        code, out = _run([path, "-E", "-x", "c++", "-v", os.devnull], timeout=60)
+        inside = False
+        for line in out.splitlines():
+            if line.startswith("#include <...> search starts here"):
+                inside = True
+            elif line.startswith("End of search list"):
+                break
+            elif inside and line.startswith(" "):
+                dirs.append(os.path.realpath(line.strip()))
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return CompilerIdentity("host", path, version or "unknown", (), (), False,
+                            files=[[path, file_signature(path)]], system_dirs=dirs,
+                            host="%s %s" % (os.path.basename(path), version or "unknown"))
+
+
+def _resolve_host(name, search_path):
+    if os.sep in name:
+        return name
+    return shutil.which(name, path=search_path) or name
+
+
 def probe_nvcc(path):
-    """Ask nvcc at ``path`` for its version and architectures (spawns nvcc)."""
+    """Ask nvcc at ``path`` for its version, architectures and the files it works with (spawns nvcc)."""
     try:
         code, out = _run([path, "--version"], timeout=60)
     except OSError as exc:
@@ -93,9 +180,35 @@ def probe_nvcc(path):
     reliable = virtual is not None and real is not None
     if not reliable:
         virtual = real = archs_from_table(version)
-    return CompilerIdentity("nvcc", path, version, virtual, real, reliable)
-
-
+    facts, host = _dryrun_facts(path)
+    here = facts.get("_HERE_") or os.path.dirname(path)
+    top = facts.get("TOP") or os.path.join(here, "..")
+    search_path = facts.get("PATH") or os.environ.get("PATH")
+    cicc = _resolve_host(facts.get("cicc") or os.path.join(top, "nvvm", "bin", "cicc"), search_path)
+    libdevice = facts.get("NVVMIR_LIBRARY_DIR") or os.path.join(top, "nvvm", "libdevice")
+    workers = [path, os.path.join(here, "nvcc"), os.path.join(here, "nvcc.profile"),
+               cicc, os.path.join(here, "ptxas"),
+               os.path.join(libdevice, "libdevice.10.bc")]
+    system_dirs = [os.path.join(top, "include")] + _quoted_dirs(facts.get("INCLUDES")) \
+        + _quoted_dirs(facts.get("SYSTEM_INCLUDES"))
+    host_text = ""
+    if host:
+        host_path = _resolve_host(host, search_path)
+        host_identity = probe_host(host_path)
+        workers.append(host_path)
+        system_dirs += host_identity.system_dirs
+        host_text = host_identity.host
+    files, seen = [], set()
+    for worker in workers:
+        if worker not in seen:
+            seen.add(worker)
+            files.append([worker, file_signature(worker)])
+    real_dirs = []
+    for directory in system_dirs:
+        real_dir = os.path.realpath(directory)
+        if real_dir not in real_dirs:
+            real_dirs.append(real_dir)
+    return CompilerIdentity("nvcc", path, version, virtual, real, reliable, files, real_dirs, host_text)
 def _arch_flags(target):
     if target.output_kind == "ptx":
         return ["-arch=compute_%d%s" % target.parts[0][1:]]
@@ -108,35 +221,97 @@ def _arch_flags(target):
     return flags
 
 
+def _name_in_workdir(name):
+    """The file name nvcc compiles, as the caller spelt it when that stays inside the private
+    directory (``k.cu``, ``src/k.cu``): nvcc puts it in the output (``assert`` messages)."""
+    name = str(name).replace("\\", "/")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or os.path.isabs(name) or ".." in parts:
+        base = os.path.basename(name)
+        return base if base not in ("", ".", "..") else "kernel.cu"
+    return os.path.join(*parts)
+
+
 class NvccCompiler(Compiler):
-    """Compiles with an nvcc subprocess into a private temporary directory."""
+    """Compiles with an nvcc subprocess into a private temporary directory.
+
+    The caller's options must not hold relative paths (the engine makes them
+    absolute first): nvcc runs in the private directory.
+    """
 
     kind = "nvcc"
-    output_kinds = ("ptx", "cubin", "fatbin")
+    makes_fatbins = True
+    environment = NVCC_ENVIRONMENT
+
+    def __init__(self, identity):
+        super(NvccCompiler, self).__init__(identity)
+        self._hosts = {}
+        self.memo_dir = None
+
+    @classmethod
+    def locate(cls, explicit=None):
+        return find_nvcc(explicit)
+
+    @classmethod
+    def probe(cls, path):
+        return probe_nvcc(path)
+
+    @classmethod
+    def compiled_name(cls, name):
+        return _name_in_workdir(name)
+
+    @classmethod
+    def discovery_context(cls):
+        # The host compiler nvcc finds depends on these; the identity records which one it was.
+        return "\0".join(os.environ.get(name) or "" for name in ("PATH", "NVCC_CCBIN", "NVCC_PREPEND_FLAGS",
+                                                                 "NVCC_APPEND_FLAGS"))
+
+    @classmethod
+    def open(cls, explicit=None, memo_dir=None):
+        compiler = super(NvccCompiler, cls).open(explicit, memo_dir)
+        compiler.memo_dir = memo_dir
+        return compiler
+
+    def host_compiler(self, ccbin):
+        """The identity of the host compiler a ``-ccbin`` option names (remembered like nvcc's)."""
+        found = self._hosts.get(ccbin)
+        if found is None or not found.unchanged():
+            path = ccbin
+            if os.path.isdir(path):
+                path = os.path.join(path, "gcc")
+            path = _resolve_host(path, os.environ.get("PATH"))
+            found = remembered_identity("host", path, probe_host, self.memo_dir, os.environ.get("PATH") or "")
+            self._hosts[ccbin] = found
+        return found
 
     def command(self, target, options, source_name, output_name):
         """The argument list nvcc is run with (no shell is involved)."""
         return ([self.identity.path, _OUTPUT_FLAG[target.output_kind]] + _arch_flags(target)
                 + list(options) + ["-o", output_name, source_name])
 
-    def compile(self, source, options, target, name="kernel.cu"):
-        # The name is only what nvcc reports errors against: a path in it ('../x.cu', '/abs/k.cu')
-        # must not put the source file outside the private directory.
-        name = os.path.basename(str(name))
-        if name in ("", ".", ".."):
-            name = "kernel.cu"
+    def compile(self, source, options, target, name="kernel.cu", inputs=None):
+        name = _name_in_workdir(name)
         if "\0" in name or any("\0" in str(option) for option in options):
             # execve() cannot pass it: Popen would raise a bare ValueError
             raise CompileError("the kernel name or an option contains a NUL character, which cannot "
                                "be passed to nvcc; remove it",
                                command=[str(o).replace("\0", "\\0") for o in options])
+        paths = read_path_options(options)
+        # Never hand nvcc an include that is a FIFO or device: it would wait on it forever.
+        scan_includes(source, paths.include_dirs + paths.system_dirs, paths.pre_includes)
         workdir = tempfile.mkdtemp(prefix="ptxbackend-nvcc-")
         try:
             source_path = os.path.join(workdir, name)
+            if os.path.dirname(name):
+                os.makedirs(os.path.dirname(source_path))
             output_path = os.path.join(workdir, "out." + target.output_kind)
+            depfile = os.path.join(workdir, "out.d")
             with open(source_path, "wb") as handle:
                 handle.write(source.encode("utf-8") if not isinstance(source, bytes) else source)
             cmd = self.command(target, options, name, output_path)
+            if inputs is not None:
+                # nvcc writes the files the compile read as a make rule; the output is unchanged.
+                cmd[-3:-3] = ["-MD", "-MF", depfile]
             try:
                 code, log = _run(cmd, cwd=workdir)
             except OSError as exc:
@@ -147,10 +322,23 @@ class NvccCompiler(Compiler):
                     % (self.identity.version, code, name, target),
                     command=cmd, returncode=code, log=log,
                     hint=unknown_arch_hint(log, self.identity))
+            if inputs is not None:
+                inputs.extend(_read_depfile(depfile, workdir))
             with open(output_path, "rb") as handle:
                 return handle.read()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _read_depfile(depfile, workdir):
+    try:
+        with open(depfile, "r", encoding="utf-8", errors="surrogateescape") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise CompileError("nvcc did not write the list of files it read (%s): the cache cannot tell "
+                           "when its headers change" % exc)
+    inside = workdir.rstrip(os.sep) + os.sep
+    return [path for path in parse_depfile(text, workdir) if not path.startswith(inside)]
 
 
 def nvcc_compiler(path=None, memo_dir=None):
@@ -158,5 +346,4 @@ def nvcc_compiler(path=None, memo_dir=None):
 
     Its identity is remembered in ``memo_dir`` so later processes skip the probe.
     """
-    found = find_nvcc(path)
-    return NvccCompiler(remembered_identity("nvcc", found, probe_nvcc, memo_dir))
+    return NvccCompiler.open(path, memo_dir)

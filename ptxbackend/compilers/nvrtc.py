@@ -10,244 +10,26 @@ compiler identity in the memo and its kernels in the cache never loads it.
 import ctypes
 import os
 import re
-import shutil
 import sys
 import threading
 
 from ..errors import CompileError, CompilerNotFoundError
-from .base import Compiler, CompilerIdentity, archs_from_table, remembered_identity, unknown_arch_hint
+from .base import Compiler, CompilerIdentity, archs_from_table, file_signature, unknown_arch_hint
+from .includes import scan_includes
+from .options import read_path_options
 
 __all__ = ["NVRTC_ENV", "find_nvrtc", "probe_nvrtc", "NvrtcCompiler", "nvrtc_compiler"]
 
-NVRTC_ENV = "PTXBACKEND_NVRTC"
+# Finding the library is libsearch's job (it is not a compiler); these names
+# stay importable from here for the code below and for this module's callers.
+from ..libsearch import NVRTC_ENV, NVRTC_HOW_TO_FIX as _FIX, find_nvrtc, is_nvrtc_builtins as _is_builtins
 
 _WINDOWS = sys.platform.startswith("win")
-
-# libnvrtc.alt.so*, libnvrtc_static.a and libnvrtc-builtins.so* share the
-# prefix but are not the library whose API we call; only exact
-# libnvrtc.so[.N[.N...]] names qualify.
-_SO_RE = re.compile(r"^libnvrtc\.so((?:\.\d+)*)$")
-_DLL_RE = re.compile(r"^nvrtc64_(\d+)(?:_(\d+))?\.dll$", re.IGNORECASE)
 
 # nvrtcResult values this module reacts to (nvrtc.h).
 _SUCCESS = 0
 _INVALID_OPTION = 5
 _BUILTIN_OPERATION_FAILURE = 7
-
-_FIX = ("How to fix: pip install nvidia-cuda-nvrtc-cu11 (or -cu12 / -cu13, matching "
-        "the driver), or set %s=/path/to/libnvrtc.so (the file, or the directory "
-        "holding it)." % NVRTC_ENV)
-
-
-def _library_version(filename):
-    """Sort key of an NVRTC library file name, or ``None`` for any other file."""
-    match = _SO_RE.match(filename)
-    if match:
-        return tuple(int(p) for p in match.group(1).split(".") if p)
-    if _WINDOWS:
-        match = _DLL_RE.match(filename)
-        if match:
-            return tuple(int(p) for p in match.groups() if p is not None)
-    return None
-
-
-def _is_builtins(filename):
-    return "nvrtc-builtins" in filename.lower()
-
-
-def _best_in_dir(directory):
-    """The highest-versioned NVRTC library in ``directory``, or ``None``."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return None
-    found = []
-    for name in names:
-        version = _library_version(name)
-        if version is None:
-            continue
-        path = os.path.join(directory, name)
-        # isfile() follows links, so a dangling libnvrtc.so symlink (a
-        # half-removed toolkit) is skipped rather than chosen and failing later.
-        if os.path.isfile(path):
-            found.append((version, name, path))
-    if not found:
-        return None
-    return max(found)[2]
-
-
-def _from_user_path(value, origin):
-    """Resolve a path the user named (file or directory); raise if it is unusable.
-
-    A path the user gave is never silently replaced by one found elsewhere:
-    that would run a different NVRTC than the one they asked for.
-    """
-    path = os.path.abspath(os.path.expanduser(value))
-    if os.path.isfile(path):
-        if _is_builtins(os.path.basename(path)):
-            raise CompilerNotFoundError(
-                "%s names %s, which is NVRTC's helper library libnvrtc-builtins, not NVRTC "
-                "itself. Point it at libnvrtc.so* in the same directory (or at the "
-                "directory). %s" % (origin, path, _FIX))
-        return path
-    if os.path.isdir(path):
-        best = _best_in_dir(path)
-        if best:
-            return best
-        raise CompilerNotFoundError(
-            "%s names the directory %s, which holds no %s. %s"
-            % (origin, path, "nvrtc64_*.dll" if _WINDOWS else "libnvrtc.so*", _FIX))
-    raise CompilerNotFoundError("%s names %s, which does not exist. %s" % (origin, path, _FIX))
-
-
-def _toolkit_lib_dirs(root):
-    if _WINDOWS:
-        return [os.path.join(root, "bin"), os.path.join(root, "bin", "x64")]
-    dirs = [os.path.join(root, "lib64"), os.path.join(root, "lib"),
-            os.path.join(root, "targets", "x86_64-linux", "lib")]
-    if os.uname()[4].lower() in ("aarch64", "arm64"):
-        dirs.append(os.path.join(root, "targets", "sbsa-linux", "lib"))
-    return dirs
-
-
-def _search_places():
-    """Yield ``(description, directory)`` in search order after the explicit path and env."""
-    for var in ("CUDA_PATH", "CUDA_HOME"):
-        root = os.environ.get(var)
-        if root:
-            for directory in _toolkit_lib_dirs(root):
-                yield "$%s" % var, directory
-        else:
-            yield "$%s" % var, None
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        # A wrapper script on PATH (e.g. /usr/local/bin/nvcc) and the real
-        # binary it links to live in different trees; try both.
-        bins = []
-        for candidate in (os.path.abspath(nvcc), os.path.realpath(nvcc)):
-            bindir = os.path.dirname(candidate)
-            if bindir not in bins:
-                bins.append(bindir)
-        for bindir in bins:
-            if _WINDOWS:
-                yield "nvcc on PATH", bindir
-            else:
-                yield "nvcc on PATH", os.path.normpath(os.path.join(bindir, "..", "lib64"))
-    else:
-        yield "nvcc on PATH", None
-    if not _WINDOWS:
-        yield "default toolkit", "/usr/local/cuda/lib64"
-    sub = "bin" if _WINDOWS else "lib"
-    for entry in sys.path:
-        if not isinstance(entry, str):
-            continue
-        base = os.path.abspath(entry or os.curdir)
-        if not os.path.isdir(base):
-            continue
-        yield "pip wheel", os.path.join(base, "nvidia", "cuda_nvrtc", sub)
-        yield "pip wheel", os.path.join(base, "nvidia", "cu13", sub)
-
-
-def _resolve_soname(name):
-    """Turn what ``ctypes.util.find_library`` returns (a bare soname) into a file path.
-
-    The identity memo and the cache key need a real file to stat, and
-    find_library only says the loader *could* find the name.
-    """
-    if os.path.isabs(name):
-        return name if os.path.isfile(name) else None
-    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
-    for directory in dirs:
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            return path
-    import subprocess  # only on this last-resort path: it is a slow import
-    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
-    try:
-        env = dict(os.environ, LC_ALL="C", LANG="C")
-        listing = subprocess.check_output([ldconfig, "-p"], env=env, stderr=subprocess.DEVNULL,
-                                          timeout=10).decode("utf-8", "replace")
-    except (OSError, subprocess.SubprocessError):
-        listing = ""
-    for line in listing.splitlines():
-        fields = line.strip().split()
-        if fields and fields[0] == name and "=>" in line:
-            path = line.rsplit("=>", 1)[1].strip()
-            if os.path.isfile(path):
-                return path
-    for directory in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
-                      "/usr/lib", "/lib64", "/lib", "/usr/local/lib"):
-        path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            return path
-    return None
-
-
-def find_nvrtc(explicit=None):
-    """Return the path of the NVRTC shared library to use.
-
-    Search order, first hit wins:
-
-    1. ``explicit``: a library file, or a directory holding ``libnvrtc.so*``;
-    2. the environment variable ``PTXBACKEND_NVRTC`` (same forms);
-    3. the CUDA toolkit: ``$CUDA_PATH`` and ``$CUDA_HOME`` (``lib64/``, ``lib/``,
-       ``targets/x86_64-linux/lib/``), ``../lib64`` next to the ``nvcc`` found on
-       ``PATH``, ``/usr/local/cuda/lib64``;
-    4. pip wheels in every ``sys.path`` entry: ``nvidia/cuda_nvrtc/lib/``
-       (nvidia-cuda-nvrtc-cu11/-cu12) and ``nvidia/cu13/lib/`` (CUDA 13 wheels);
-    5. ``ctypes.util.find_library('nvrtc')`` (the dynamic loader's cache).
-
-    ``libnvrtc-builtins*`` is never chosen.  When a directory holds several
-    versions the highest wins.  A path given as ``explicit`` or in the
-    environment that does not hold NVRTC is an error, not a reason to look
-    elsewhere.  Nothing is loaded.
-
-    Raises:
-        CompilerNotFoundError: nothing found; the message lists every place
-            searched and how to install or point at NVRTC.
-    """
-    if explicit:
-        return _from_user_path(explicit, "the NVRTC path given (%r)" % (explicit,))
-    env = os.environ.get(NVRTC_ENV)
-    if env:
-        return _from_user_path(env, "%s=%s" % (NVRTC_ENV, env))
-
-    looked = ["the explicit path (none given)", "%s (unset)" % NVRTC_ENV]
-    seen = set()
-    for description, directory in _search_places():
-        if directory is None:
-            looked.append("%s (not set)" % description if description.startswith("$")
-                          else "%s (not found)" % description)
-            continue
-        key = os.path.normcase(os.path.abspath(directory))
-        if key in seen:
-            continue
-        seen.add(key)
-        best = _best_in_dir(directory)
-        if best:
-            return best
-        # Missing wheel directories in every sys.path entry would bury the
-        # useful lines; list only the wheel directories that exist.
-        if description != "pip wheel" or os.path.isdir(directory):
-            looked.append("%s: %s" % (description, directory))
-    if not any(line.startswith("pip wheel") for line in looked):
-        looked.append("pip wheel: nvidia/cuda_nvrtc/lib and nvidia/cu13/lib in every sys.path "
-                      "entry (none present)")
-
-    # Imported here, not at the top: ctypes.util pulls in subprocess, which
-    # costs every process that finds NVRTC by the cheaper means above.
-    import ctypes.util
-    soname = ctypes.util.find_library("nvrtc")
-    if soname and not _is_builtins(soname):
-        path = _resolve_soname(soname)
-        if path:
-            return path
-        looked.append("ctypes.util.find_library('nvrtc') -> %s, but no such file found" % soname)
-    else:
-        looked.append("ctypes.util.find_library('nvrtc') (nothing)")
-    raise CompilerNotFoundError(
-        "NVRTC (%s) not found. Looked in:\n  - %s\n%s"
-        % ("nvrtc64_*.dll" if _WINDOWS else "libnvrtc.so*", "\n  - ".join(looked), _FIX))
 
 
 class _Library(object):
@@ -316,19 +98,74 @@ _LIBRARIES_LOCK = threading.Lock()
 
 
 def _load(path):
-    """The :class:`_Library` for ``path``, loaded once per process."""
+    """The :class:`_Library` for ``path``, loaded once per process.
+
+    A process cannot load a second library under a path it has loaded (the
+    dynamic loader hands back the first one), so a library replaced on disk
+    after the load is an error here, never a silent compile with the old code
+    under the new version's name.
+    """
+    signature = file_signature(path)
     with _LIBRARIES_LOCK:
-        library = _LIBRARIES.get(path)
-        if library is None:
-            library = _LIBRARIES[path] = _Library(path)
-        return library
+        found = _LIBRARIES.get(path)
+        if found is None:
+            found = _LIBRARIES[path] = (_Library(path), signature)
+        elif found[1] != signature:
+            raise CompilerNotFoundError(
+                "NVRTC at %s was replaced after this process loaded it (an update while it ran); "
+                "restart the program to compile with the new one." % path)
+        return found[0]
+
+
+_RELEASE_RE = re.compile(br"Cuda compilation tools, release (\d+)\.(\d+), V(\d+\.\d+\.\d+)")
+
+
+def _release_in_file(path):
+    """The full release (``'12.0.140'``) the library states about itself, or ``None``.
+
+    NVRTC stamps it into every PTX it writes, so it is in the library's
+    data; ``nvrtcVersion`` gives only major.minor, and two patch releases of
+    one minor (12.0.76, 12.0.140) emit different code.
+    """
+    import mmap
+    try:
+        with open(path, "rb") as handle:
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                match = _RELEASE_RE.search(data)
+                return match.group(3).decode("ascii") if match else None
+    except (OSError, ValueError):
+        return None
+
+
+def _fingerprint(path):
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+def _work_files(path):
+    """The library as found, the file behind it, and the builtins library beside it."""
+    real = os.path.realpath(path)
+    files = [path] if real == path else [path, real]
+    directory = os.path.dirname(real)
+    try:
+        names = sorted(n for n in os.listdir(directory) if _is_builtins(n))
+    except OSError:
+        names = []
+    files += [os.path.join(directory, n) for n in names]
+    return [[f, file_signature(f)] for f in files]
 
 
 def probe_nvrtc(path):
     """Load the NVRTC at ``path`` and return its :class:`CompilerIdentity`.
 
-    ``version`` is ``'MAJOR.MINOR'`` from ``nvrtcVersion``.  The architecture
-    list comes from ``nvrtcGetSupportedArchs`` (NVRTC 11.2+,
+    ``version`` is the full release the library states (``'12.0.140'``),
+    else ``nvrtcVersion``'s ``'MAJOR.MINOR'`` plus a content fingerprint, so
+    that two patch levels never share a producer.  The architecture list
+    comes from ``nvrtcGetSupportedArchs`` (NVRTC 11.2+,
     ``archs_reliable=True``), else from the release table.  ``real_archs``
     equals ``virtual_archs`` when the library can emit cubins (11.1+,
     ``nvrtcGetCUBIN``), else is empty.
@@ -344,6 +181,11 @@ def probe_nvrtc(path):
         raise CompilerNotFoundError(
             "nvrtcVersion failed in %s: %s. %s" % (real, library.error_name(result), _FIX))
     version = "%d.%d" % (major.value, minor.value)
+    stated = _release_in_file(real)
+    if stated and stated.startswith(version + "."):
+        full = stated
+    else:
+        full = "%s+%s" % (version, _fingerprint(real))
     archs, reliable = None, False
     if library.nvrtcGetNumSupportedArchs and library.nvrtcGetSupportedArchs:
         count = ctypes.c_int()
@@ -354,7 +196,8 @@ def probe_nvrtc(path):
     if archs is None:
         archs = archs_from_table(version)
     cubins = (major.value, minor.value) >= (11, 1) and library.nvrtcGetCUBIN is not None
-    return CompilerIdentity("nvrtc", real, version, archs, archs if cubins else (), reliable)
+    return CompilerIdentity("nvrtc", path, full, archs, archs if cubins else (), reliable,
+                            files=_work_files(path))
 
 
 def _as_bytes(value, what):
@@ -440,10 +283,13 @@ class NvrtcCompiler(Compiler):
         super(NvrtcCompiler, self).__init__(identity)
         self._library = None
 
-    @property
-    def output_kinds(self):
-        """``('ptx', 'cubin')``, or ``('ptx',)`` for NVRTC before 11.1."""
-        return ("ptx", "cubin") if self.identity.real_archs else ("ptx",)
+    @classmethod
+    def locate(cls, explicit=None):
+        return find_nvrtc(explicit)
+
+    @classmethod
+    def probe(cls, path):
+        return probe_nvrtc(path)
 
     def _lib(self):
         library = self._library
@@ -454,7 +300,7 @@ class NvrtcCompiler(Compiler):
     def _where(self):
         return "NVRTC %s at %s" % (self.identity.version, self.identity.path)
 
-    def compile(self, source, options, target, name="kernel.cu"):
+    def compile(self, source, options, target, name="kernel.cu", inputs=None):
         """Compile ``source`` for ``target`` (a single-part Target) and return PTX or cubin bytes.
 
         The options are passed after ``--gpu-architecture=<target>`` exactly as
@@ -496,6 +342,10 @@ class NvrtcCompiler(Compiler):
             raise CompileError("the source, its name or an option contains a NUL character, which "
                                "NVRTC would treat as the end of the text", command=command)
 
+        if inputs is not None:
+            # NVRTC cannot list what it read: resolve the #include lines as it does.
+            paths = read_path_options(command[1:])
+            inputs.extend(scan_includes(source_bytes, paths.include_dirs, paths.pre_includes))
         library = self._lib()
         program = ctypes.c_void_p()
         result = library.nvrtcCreateProgram(ctypes.byref(program), source_bytes, name_bytes,
@@ -560,6 +410,4 @@ def nvrtc_compiler(path=None, memo_dir=None):
     With ``memo_dir``, the identity is remembered on disk, so later processes
     neither probe nor load the library until they actually compile.
     """
-    found = find_nvrtc(path)
-    identity = remembered_identity("nvrtc", found, probe_nvrtc, memo_dir)
-    return NvrtcCompiler(identity)
+    return NvrtcCompiler.open(path, memo_dir)

@@ -1,0 +1,165 @@
+"""What a compile read, and whether it still says the same: ccache's "direct mode" for kernels.
+
+On a miss the compiler tells us (nvcc's dependency output) or we work out
+(NVRTC: the ``#include`` lines, resolved as NVRTC resolves them) every file
+the compile read.  Each is recorded with its stat signature and content hash
+in the entry's dependency section.  A hit re-checks them:
+
+- *your* headers (anything outside the toolkit and the host compiler's own
+  include directories) on every hit: one ``stat`` each, and a content hash
+  only when the stat differs from the recorded one or was not trustworthy;
+- the toolkit's and the host compiler's own headers (a hundred or more for
+  any nvcc compile) once per process for each distinct set: they change only
+  with the toolkit or the host compiler, whose identity is checked per call.
+
+Why the content hash: a stat alone lies.  ``cp -p``, ``tar -x`` and
+``git checkout`` of an old tree restore a file's mtime, and an edit within the
+file system's timestamp granularity keeps it.  The signature therefore also
+holds the ctime (which nobody can set back) and the inode, and a file changed
+too recently to trust its stat ("racy", as git and ccache call it) is always
+compared by content.
+
+Section format (bytes, UTF-8)::
+
+    <sha256 of line 3, or empty>\\n<JSON list of your files>\\n<JSON list of system files>
+
+Each file is ``[path, size, mtime_ns, ctime_ns, inode, sha256, trusted]``.
+"""
+
+import hashlib
+import json
+import os
+import threading
+import time
+
+from .._fsutil import NotARegularFile, read_regular
+
+# Within this many seconds of a file's last change its stat signature cannot be trusted: another
+# write in the same timestamp tick would leave it unchanged (coarse file systems tick in seconds).
+RACY_SECONDS = 2.0
+EMPTY = b"\n[]\n[]"
+
+_lock = threading.Lock()
+_known_hashes = {}       # path -> (signature, sha256): what this process hashed and could trust
+_valid_systems = set()   # digests of system-file sets found unchanged in this process
+_KNOWN_LIMIT = 8192
+
+
+def _signature(st):
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _trustworthy(st, now):
+    return now - max(st.st_mtime, st.st_ctime) > RACY_SECONDS
+
+
+def _hash_file(path):
+    data, st = read_regular(path)
+    return hashlib.sha256(data).hexdigest(), st
+
+
+def record(paths, started=None):
+    """The records of ``paths`` as read now; ``started`` is when the compile began (epoch seconds).
+
+    A file changed after the compile started may differ from what the
+    compiler read: it is recorded untrusted, so every hit compares its content.
+    """
+    now = time.time()
+    started = now if started is None else started
+    records = []
+    for path in paths:
+        digest, st = _hash_file(path)
+        trusted = _trustworthy(st, started)
+        records.append([path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, digest, trusted])
+        if trusted:
+            _remember(path, _signature(st), digest)
+    return records
+
+
+def encode(user_records, system_records):
+    """The dependency section for an entry."""
+    user = json.dumps(user_records, separators=(",", ":")).encode("utf-8")
+    system = json.dumps(system_records, separators=(",", ":")).encode("utf-8")
+    digest = hashlib.sha256(system).hexdigest().encode("ascii") if system_records else b""
+    return digest + b"\n" + user + b"\n" + system
+
+
+def _remember(path, signature, digest):
+    with _lock:
+        if len(_known_hashes) >= _KNOWN_LIMIT:
+            _known_hashes.clear()
+        _known_hashes[path] = (signature, digest)
+
+
+def _unchanged(item, missing_ok):
+    path, size, mtime_ns, ctime_ns, ino, digest, trusted = item
+    try:
+        st = os.stat(path)
+    except OSError:
+        return missing_ok
+    signature = _signature(st)
+    if trusted and signature == (size, mtime_ns, ctime_ns, ino):
+        return True
+    known = _known_hashes.get(path)
+    if known is not None and known[0] == signature:
+        return known[1] == digest
+    try:
+        now_digest, st = _hash_file(path)
+    except NotARegularFile:
+        return False
+    except OSError:
+        return missing_ok
+    if _trustworthy(st, time.time()):
+        _remember(path, _signature(st), now_digest)
+    return now_digest == digest
+
+
+def still_valid(section, system_too=True, missing_ok=False):
+    """Whether every file in a dependency ``section`` still holds what the compile read.
+
+    ``system_too=False`` skips the toolkit's and host compiler's own files (a
+    machine with no compiler has none of them).  ``missing_ok`` accepts a
+    recorded file that no longer exists (same reason, for a bundle from a
+    build box); a file that exists must still match.
+    """
+    if not section or section == EMPTY:
+        return True
+    first = section.index(b"\n")
+    second = section.index(b"\n", first + 1)
+    user = section[first + 1:second]
+    if user != b"[]":
+        for item in json.loads(user.decode("utf-8")):
+            if not _unchanged(item, missing_ok):
+                return False
+    digest = section[:first]
+    if system_too and digest and digest not in _valid_systems:
+        for item in json.loads(section[second + 1:].decode("utf-8")):
+            if not _unchanged(item, missing_ok):
+                return False
+        with _lock:
+            _valid_systems.add(digest)
+    return True
+
+
+def forget():
+    """Drop what this process remembers (tests; after a toolkit's headers changed in place)."""
+    with _lock:
+        _known_hashes.clear()
+        _valid_systems.clear()
+
+
+def split_system(paths, system_dirs, user_dirs):
+    """``(user, system)`` lists: a path is the system's when it lies under a system directory
+    and under none that the request named itself (``-I``, ``-isystem``, CPATH ...)."""
+    user, system = [], []
+    for path in paths:
+        real = os.path.realpath(path)
+        if any(_under(real, d) for d in system_dirs) and not any(_under(real, d) for d in user_dirs):
+            system.append(path)
+        else:
+            user.append(path)
+    return user, system
+
+
+def _under(path, directory):
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
