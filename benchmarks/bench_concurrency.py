@@ -56,7 +56,9 @@ def _compiles(log):
     if not os.path.exists(log):
         return 0
     with open(log) as handle:
-        return sum(1 for line in handle if any(flag in line.split() for flag in ("--ptx", "--cubin", "--fatbin")))
+        # A -dryrun (ptxbackend's probe of what nvcc would run) compiles nothing.
+        return sum(1 for line in handle if any(flag in line.split() for flag in ("--ptx", "--cubin", "--fatbin"))
+                   and "-dryrun" not in line.split())
 
 
 def _round(ctx, procs, variants, target, load, nvcc):

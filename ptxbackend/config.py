@@ -212,7 +212,8 @@ def _resolve(overrides, file_path):
     settings = Settings(values, origins)
     # Environment only (a per-run switch, not a config-file knob): see ptxbackend.warm.
     settings.record = os.environ.get("PTXBACKEND_RECORD") or None
-    settings.compiler_env = tuple((name, os.environ[name]) for name in NVCC_ENVIRONMENT if os.environ.get(name))
+    settings.compiler_env = tuple("%s=%s" % (name, os.environ[name]) for name in NVCC_ENVIRONMENT
+                                  if os.environ.get(name))
     return settings
 
 

@@ -133,6 +133,13 @@ def _compiler(settings, kind, store):
     return found
 
 
+def _forget_compilers():
+    with _lock:
+        _compilers.clear()
+        _prepared.clear()
+        _choices.clear()
+
+
 def _explicit_compiler(settings, compiler):
     """Whether the user named a compiler (argument, variable or config file): then it must work."""
     return bool(compiler or settings.compiler or settings.nvcc or settings.nvrtc)
@@ -204,8 +211,8 @@ def _request(options, name, source_dir, kind, host, environment):
 
 
 def _environment(settings, comp_class):
-    names = comp_class.environment
-    return tuple("%s=%s" % item for item in settings.compiler_env if item[0] in names)
+    """The compiler's variables that are set, as ``NAME=value`` (config reads nvcc's only)."""
+    return settings.compiler_env if comp_class.environment else ()
 
 
 def _choose_target(spec, comp, cc):
@@ -316,16 +323,24 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
             artifact._refetch = lambda: _compile(settings, source, options, compiler, name, source_dir,
                                                  False).image
             return artifact
-    found = _valid(store.read(path, key, chosen.output_kind, False, True), path)
+    found = _valid(store.read(path, key, chosen.output_kind, False, True), path, store)
     if found is None:
         with store.lock(path):
-            found = _valid(store.read(path, key, chosen.output_kind, False, True), path)
+            found = _valid(store.read(path, key, chosen.output_kind, False, True), path, store)
+            if found is None and not comp.identity.all_unchanged():
+                # A file behind the toolkit changed (cicc, ptxas, nvcc.profile ...): probe it again
+                # before anything is built and filed under the old identity.
+                _forget_compilers()
+                return _compile(settings, source, options, compiler, name, source_dir, jit_first)
             if found is None:
                 inputs = list(request.path_options.option_files)
                 started = time.time()
                 image = comp.compile(source, request.options, chosen, name, inputs)
-                section = _dependency_section(inputs, started, comp, request, extra_system)
+                section, system_list, digest = _dependency_section(inputs, started, comp, request,
+                                                                   extra_system)
                 try:
+                    if system_list is not None:
+                        store.save_system_deps(digest, system_list)  # before the entry that names it
                     store.write(path, image, _metadata(key, chosen, producer, request.options, "compile"),
                                 section)
                     store.save_identity(comp.identity)
@@ -342,9 +357,10 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
     return artifact
 
 
-def _valid(found, path, system_too=True, missing_ok=False):
+def _valid(found, path, store, system_too=True, missing_ok=False):
     """``found`` when the files its compile read still hold the same bytes, else ``None`` (a miss)."""
-    if found is None or deps.still_valid(found[2], system_too, missing_ok):
+    if found is None or deps.still_valid(found[2], store.load_system_deps if system_too else None,
+                                         missing_ok):
         return found
     log.debug("ptxbackend: %s: a file the compile read has changed; compiling again", path)
     return None
@@ -371,7 +387,7 @@ def _jit_hit(store, target, producer, key, path, reason, cc):
         return None
     build = driver.driver_build()
     found = _valid(store.read(store.jit_path(producer, target, key, cc, build), key, "cubin", False, True),
-                   path)
+                   path, store)
     if found is None:
         return None
     log.debug("ptxbackend: cache hit %s (cubin level)", path)
@@ -399,7 +415,7 @@ def _from_cache_only(store, settings, source, options, name, source_dir, cc, mis
                            _environment(settings, backend))
         key = request_key(source, request.options, chosen, request.context)
         path = store.entry_path(identity.producer, chosen, key, chosen.output_kind)
-        found = _valid(store.read(path, key, chosen.output_kind, True, True), path, False, True)
+        found = _valid(store.read(path, key, chosen.output_kind, True, True), path, store, False, True)
         if found is not None:
             log.debug("ptxbackend: no compiler; cache hit from %s", identity.producer)
             artifact = Artifact(found[0], chosen.output_kind, chosen, identity.producer, key, path, True,

@@ -28,7 +28,7 @@ CASES = 1000
 PER_KIND = 120  # 16 kinds of damage; those with few variants (an empty file) end early
 REASONS = ("shorter than the header", "bad magic", "schema", "reserved field", "unknown kind code",
            "header says", "checksum mismatch", "entry belongs to key", "entry holds", "not a regular file")
-HEADER = struct.Struct("<4sHBBIQ64sI")
+HEADER = struct.Struct("<4sHBBIIQ64sI")
 KERNEL = r'''
 extern "C" __global__ void scale(float a, float* y, int n)
 {
@@ -108,7 +108,7 @@ def damage_kinds():
         return blob[:6] + bytes([draw(st.integers(0, 0xFF).filter(lambda k: k != blob[6]))]) + blob[7:]
 
     def lying_lengths(blob, draw):
-        magic, schema, kind, reserved, meta_len, body_len, key, checksum = HEADER.unpack_from(blob)
+        magic, schema, kind, reserved, meta_len, deps_len, body_len, key, checksum = HEADER.unpack_from(blob)
         if draw(st.booleans()):
             # The same total, the boundary moved: the bytes the checksum covers after the header
             # are the same, so only its coverage of the header catches this.
@@ -119,7 +119,8 @@ def damage_kinds():
             new_body = draw(st.integers(0, 0xFFFFFFFFFFFFFFFF))
             if (new_meta, new_body) == (meta_len, body_len):
                 new_body += 1
-        return HEADER.pack(magic, schema, kind, reserved, new_meta, new_body, key, checksum) + blob[HEADER.size:]
+        return (HEADER.pack(magic, schema, kind, reserved, new_meta, deps_len, new_body, key, checksum)
+                + blob[HEADER.size:])
 
     def empty(blob, draw):
         return b""
@@ -260,13 +261,14 @@ def test_damaged_entry_through_compile_is_rebuilt_by_the_compiler(logging_nvcc, 
     art = ptxbackend.compile(KERNEL, target="compute_75")
     blob = open(art.path, "rb").read()
     other = ptxbackend.compile(KERNEL + "// another", target="compute_75")
-    magic, schema, kind, reserved, meta_len, body_len, key, checksum = HEADER.unpack_from(blob)
+    magic, schema, kind, reserved, meta_len, deps_len, body_len, key, checksum = HEADER.unpack_from(blob)
     damaged = {
         "truncate": blob[:len(blob) // 3],
         "bit flip": blob[:-7] + bytes([blob[-7] ^ 0x20]) + blob[-6:],
         "wrong magic": b"PTXA" + blob[4:],
         "wrong schema": blob[:4] + struct.pack("<H", entry.SCHEMA_VERSION + 1) + blob[6:],
-        "lying length": HEADER.pack(magic, schema, kind, reserved, meta_len + 2, body_len - 2, key, checksum)
+        "lying length": HEADER.pack(magic, schema, kind, reserved, meta_len + 2, deps_len, body_len - 2, key,
+                                    checksum)
         + blob[HEADER.size:],
         "empty": b"",
         "directory": ("directory", 1),

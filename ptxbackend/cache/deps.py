@@ -21,9 +21,12 @@ compared by content.
 
 Section format (bytes, UTF-8)::
 
-    <sha256 of line 3, or empty>\\n<JSON list of your files>\\n<JSON list of system files>
+    <sha256 of the system list, or empty>\\n<JSON list of your files>
 
-Each file is ``[path, size, mtime_ns, ctime_ns, inode, sha256, trusted]``.
+The system list (the same for most kernels of one toolkit, and a hundred or
+more files long) is kept once, content-addressed, beside the entries; the
+entry holds its digest.  Each file is
+``[path, size, mtime_ns, ctime_ns, inode, sha256, trusted]``.
 """
 
 import hashlib
@@ -37,11 +40,12 @@ from .._fsutil import NotARegularFile, read_regular
 # Within this many seconds of a file's last change its stat signature cannot be trusted: another
 # write in the same timestamp tick would leave it unchanged (coarse file systems tick in seconds).
 RACY_SECONDS = 2.0
-EMPTY = b"\n[]\n[]"
+EMPTY = b"\n[]"
 
 _lock = threading.Lock()
 _known_hashes = {}       # path -> (signature, sha256): what this process hashed and could trust
 _valid_systems = set()   # digests of system-file sets found unchanged in this process
+_parsed = {}             # a section's user list (bytes) -> its records: kernels sharing headers share it
 _KNOWN_LIMIT = 8192
 
 
@@ -77,11 +81,19 @@ def record(paths, started=None):
 
 
 def encode(user_records, system_records):
-    """The dependency section for an entry."""
+    """``(section, system_list, digest)``: the entry's section, and the system list to keep by digest."""
     user = json.dumps(user_records, separators=(",", ":")).encode("utf-8")
+    if not system_records:
+        return b"\n" + user, None, None
     system = json.dumps(system_records, separators=(",", ":")).encode("utf-8")
-    digest = hashlib.sha256(system).hexdigest().encode("ascii") if system_records else b""
-    return digest + b"\n" + user + b"\n" + system
+    digest = hashlib.sha256(system).hexdigest()
+    return digest.encode("ascii") + b"\n" + user, system, digest
+
+
+def system_digest(section):
+    """The digest of the system list a section names, or ``None``."""
+    digest = section[:section.index(b"\n")] if section else b""
+    return digest.decode("ascii") if digest else None
 
 
 def _remember(path, signature, digest):
@@ -97,9 +109,11 @@ def _unchanged(item, missing_ok):
         st = os.stat(path)
     except OSError:
         return missing_ok
-    signature = _signature(st)
-    if trusted and signature == (size, mtime_ns, ctime_ns, ino):
+    # Every warm hit pays this for each of the caller's headers: compare fields, build nothing.
+    if trusted and st.st_mtime_ns == mtime_ns and st.st_ctime_ns == ctime_ns and st.st_ino == ino \
+            and st.st_size == size:
         return True
+    signature = _signature(st)
     known = _known_hashes.get(path)
     if known is not None and known[0] == signature:
         return known[1] == digest
@@ -114,26 +128,37 @@ def _unchanged(item, missing_ok):
     return now_digest == digest
 
 
-def still_valid(section, system_too=True, missing_ok=False):
+def still_valid(section, load_system=None, missing_ok=False):
     """Whether every file in a dependency ``section`` still holds what the compile read.
 
-    ``system_too=False`` skips the toolkit's and host compiler's own files (a
-    machine with no compiler has none of them).  ``missing_ok`` accepts a
-    recorded file that no longer exists (same reason, for a bundle from a
-    build box); a file that exists must still match.
+    ``load_system(digest)`` returns the system list a section names (bytes
+    whose SHA-256 is the digest, or ``None`` when it is not kept here: then
+    the section is not valid).  ``load_system=None`` skips the toolkit's and
+    host compiler's own files (a machine with no compiler has none of them).
+    ``missing_ok`` accepts a recorded file that no longer exists (same
+    reason, for a bundle from a build box); a file that exists must match.
     """
     if not section or section == EMPTY:
         return True
     first = section.index(b"\n")
-    second = section.index(b"\n", first + 1)
-    user = section[first + 1:second]
+    user = section[first + 1:]
     if user != b"[]":
-        for item in json.loads(user.decode("utf-8")):
+        records = _parsed.get(user)
+        if records is None:
+            records = [tuple(item) for item in json.loads(user.decode("utf-8"))]
+            with _lock:
+                if len(_parsed) >= 4096:
+                    _parsed.clear()
+                _parsed[user] = records
+        for item in records:
             if not _unchanged(item, missing_ok):
                 return False
     digest = section[:first]
-    if system_too and digest and digest not in _valid_systems:
-        for item in json.loads(section[second + 1:].decode("utf-8")):
+    if load_system is not None and digest and digest not in _valid_systems:
+        blob = load_system(digest.decode("ascii"))
+        if blob is None or hashlib.sha256(blob).hexdigest().encode("ascii") != digest:
+            return False
+        for item in json.loads(blob.decode("utf-8")):
             if not _unchanged(item, missing_ok):
                 return False
         with _lock:
@@ -146,6 +171,7 @@ def forget():
     with _lock:
         _known_hashes.clear()
         _valid_systems.clear()
+        _parsed.clear()
 
 
 def split_system(paths, system_dirs, user_dirs):

@@ -7,6 +7,7 @@ Layout under the root (``v3`` is the schema version)::
     v3/<producer>/identity.json                                   what that producer can emit
     v3/locks/<kk>/<hash>.lock                                     one lock per entry path
     v3/meta/compilers/                                            this machine's compiler identities
+    v3/sysdeps/<kk>/<sha256>.json                                 toolkit headers a compile read, by digest
 
 Reads take no lock: entries are renamed into place whole, so a reader sees a
 complete file or none.  Only a miss takes the entry's lock, with a bounded
@@ -190,6 +191,27 @@ class DirectoryStore(object):
                 "kernel, or is stuck). Raise PTXBACKEND_LOCK_TIMEOUT, or stop the other process."
                 % (self.lock_timeout, lock_path))
         return held
+
+    # -- the toolkit's own headers, shared by the entries that read them ----------------------------
+    def _system_path(self, digest):
+        return os.path.join(self.base, "sysdeps", digest[:2], digest + ".json")
+
+    def save_system_deps(self, digest, blob):
+        """Keep a system-header list under its digest (once: the same content has the same name)."""
+        path = self._system_path(digest)
+        if os.path.exists(path):
+            return
+        _fsutil.make_private_dirs(os.path.dirname(path))
+        _fsutil.write_atomic(path, blob)
+
+    def load_system_deps(self, digest):
+        """The system-header list named ``digest``, or ``None`` (the caller checks the digest)."""
+        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+            return None
+        try:
+            return _fsutil.read_file(self._system_path(digest))
+        except OSError:
+            return None
 
     # -- producers -----------------------------------------------------------------------------
     def save_identity(self, identity):

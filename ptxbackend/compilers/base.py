@@ -51,20 +51,26 @@ class CompilerIdentity(object):
     the tool itself rather than from the table.
 
     ``files`` lists ``[path, signature]`` of the files that do the work (for
-    nvcc: the program found, the real nvcc behind any wrapper, cicc, ptxas,
-    libdevice, nvcc.profile and the host compiler; for NVRTC: the library
+    nvcc: the program found, the real nvcc behind any wrapper, the host
+    compiler, cicc, ptxas, libdevice and nvcc.profile; for NVRTC: the library
     and its builtins), as the tool itself reports them, links unresolved: a
     ``/usr/local/cuda`` link swapped to another toolkit changes what a stat
-    of those paths sees.  :meth:`unchanged` re-checks them on every call.
+    of those paths sees.  The first ``sentinels`` of them change whenever a
+    toolkit is swapped, upgraded or re-pointed: :meth:`unchanged` stats those
+    on every call (a hit's whole budget is tens of microseconds), and
+    :meth:`all_unchanged` stats every file, which a new process does before
+    its first use and every compile does before it runs.
     ``system_dirs`` are the toolkit's and the host compiler's own include
     directories; ``host`` names the host compiler and its version.
     """
 
     __slots__ = ("kind", "path", "version", "virtual_archs", "real_archs", "archs_reliable",
-                 "files", "system_dirs", "host")
+                 "files", "system_dirs", "host", "sentinels", "_checks", "_absent")
+    _FIELDS = ("kind", "path", "version", "virtual_archs", "real_archs", "archs_reliable",
+               "files", "system_dirs", "host", "sentinels")
 
     def __init__(self, kind, path, version, virtual_archs, real_archs, archs_reliable,
-                 files=(), system_dirs=(), host=""):
+                 files=(), system_dirs=(), host="", sentinels=None):
         self.kind = kind
         self.path = path
         self.version = version
@@ -72,6 +78,9 @@ class CompilerIdentity(object):
         self.real_archs = tuple(sorted(set(int(a) for a in real_archs)))
         self.archs_reliable = bool(archs_reliable)
         self.files = [[str(p), list(sig) if sig is not None else None] for p, sig in files]
+        self.sentinels = len(self.files) if sentinels is None else int(sentinels)
+        self._checks = tuple((p,) + tuple(sig) for p, sig in self.files[:self.sentinels] if sig is not None)
+        self._absent = tuple(p for p, sig in self.files[:self.sentinels] if sig is None)
         self.system_dirs = [str(d) for d in system_dirs]
         self.host = str(host or "")
 
@@ -81,13 +90,33 @@ class CompilerIdentity(object):
 
     def unchanged(self):
         """Whether every file that does the work is still the one probed (a stat each, no process)."""
+        stat = os.stat
+        try:
+            for path, size, mtime, ctime, ino, dev in self._checks:
+                st = stat(path)
+                # Every warm hit pays this loop: compare fields, build nothing.
+                if st.st_mtime_ns != mtime or st.st_ctime_ns != ctime or st.st_ino != ino \
+                        or st.st_size != size or st.st_dev != dev:
+                    return False
+        except OSError:
+            return False
+        return not self._absent_now_present()
+
+    def all_unchanged(self):
+        """Whether every file that does the work, not only the sentinels, is still the one probed."""
         for path, signature in self.files:
             if file_signature(path) != signature:
                 return False
         return True
 
+    def _absent_now_present(self):
+        for path in self._absent:
+            if os.path.exists(path):
+                return True
+        return False
+
     def to_json(self):
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in self._FIELDS}
 
     def producer_record(self):
         """What a cache may keep of this identity: what it can emit and the host compiler's name
@@ -99,7 +128,7 @@ class CompilerIdentity(object):
     def from_json(cls, data):
         return cls(data["kind"], data.get("path", ""), data["version"], data["virtual_archs"],
                    data["real_archs"], data["archs_reliable"], data.get("files", ()),
-                   data.get("system_dirs", ()), data.get("host", ""))
+                   data.get("system_dirs", ()), data.get("host", ""), data.get("sentinels"))
 
     def __repr__(self):
         return "CompilerIdentity(%s at %s)" % (self.producer, self.path)
@@ -126,7 +155,7 @@ def remembered_identity(kind, path, probe, memo_dir, context=""):
             if data.get("fingerprint") == fingerprint:
                 identity = CompilerIdentity.from_json(data["identity"])
                 if identity.kind == kind and identity.path == path and identity.files \
-                        and identity.unchanged():
+                        and identity.all_unchanged():
                     return identity
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
@@ -181,16 +210,9 @@ class Compiler(object):
 
     def __init__(self, identity):
         self.identity = identity
-
-    @property
-    def output_kinds(self):
-        """The output kinds this compiler can produce: a subset of ptx, cubin, fatbin."""
-        kinds = ("ptx",)
-        if self.identity.real_archs:
-            kinds += ("cubin",)
-        if self.makes_fatbins:
-            kinds += ("fatbin",)
-        return kinds
+        # The output kinds this compiler can produce: a subset of ptx, cubin, fatbin (asked per hit).
+        self.output_kinds = ("ptx",) + (("cubin",) if identity.real_archs else ()) \
+            + (("fatbin",) if self.makes_fatbins else ())
 
     @classmethod
     def locate(cls, explicit=None):

@@ -186,9 +186,10 @@ def probe_nvcc(path):
     search_path = facts.get("PATH") or os.environ.get("PATH")
     cicc = _resolve_host(facts.get("cicc") or os.path.join(top, "nvvm", "bin", "cicc"), search_path)
     libdevice = facts.get("NVVMIR_LIBRARY_DIR") or os.path.join(top, "nvvm", "libdevice")
-    workers = [path, os.path.join(here, "nvcc"), os.path.join(here, "nvcc.profile"),
-               cicc, os.path.join(here, "ptxas"),
-               os.path.join(libdevice, "libdevice.10.bc")]
+    # The sentinels first: what discovery found, the real nvcc behind it, and the host compiler.
+    workers = [path, os.path.join(here, "nvcc")]
+    rest = [os.path.join(here, "nvcc.profile"), cicc, os.path.join(here, "ptxas"),
+            os.path.join(libdevice, "libdevice.10.bc")]
     system_dirs = [os.path.join(top, "include")] + _quoted_dirs(facts.get("INCLUDES")) \
         + _quoted_dirs(facts.get("SYSTEM_INCLUDES"))
     host_text = ""
@@ -199,8 +200,10 @@ def probe_nvcc(path):
         system_dirs += host_identity.system_dirs
         host_text = host_identity.host
     files, seen = [], set()
-    for worker in workers:
-        if worker not in seen:
+    for worker in workers + [None] + rest:
+        if worker is None:
+            sentinels = len(files)
+        elif worker not in seen:
             seen.add(worker)
             files.append([worker, file_signature(worker)])
     real_dirs = []
@@ -208,7 +211,8 @@ def probe_nvcc(path):
         real_dir = os.path.realpath(directory)
         if real_dir not in real_dirs:
             real_dirs.append(real_dir)
-    return CompilerIdentity("nvcc", path, version, virtual, real, reliable, files, real_dirs, host_text)
+    return CompilerIdentity("nvcc", path, version, virtual, real, reliable, files, real_dirs, host_text,
+                            sentinels)
 def _arch_flags(target):
     if target.output_kind == "ptx":
         return ["-arch=compute_%d%s" % target.parts[0][1:]]
