@@ -9,7 +9,7 @@ Public API::
 Configuration lives in ``PTXBACKEND_*`` variables (docs/configuration.md).
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from .errors import (CacheError, CompileError, CompilerNotFoundError, DriverError,  # noqa: E402
                      PtxBackendError, TargetError)

@@ -27,7 +27,8 @@ def _cmd_compile(args):
     options = args.compiler_options
     started = time.time()
     artifact = compile_kernel(source, options, target=args.target, compiler=args.compiler,
-                              device_cc=args.device_cc, name=os.path.basename(args.file))
+                              device_cc=args.device_cc, name=args.file,
+                              source_dir=os.path.dirname(os.path.abspath(args.file)))
     elapsed = time.time() - started
     print("target:   %s (%s)" % (artifact.target, artifact.reason))
     print("kind:     %s, %d bytes, by %s" % (artifact.kind, len(artifact.image), artifact.producer))

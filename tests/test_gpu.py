@@ -66,10 +66,10 @@ def test_nvrtc117_ptx_runs(nvrtc117, monkeypatch):
         assert run_saxpy(ptxbackend.load(ptxbackend.compile(SAXPY, compiler="nvrtc", target=old))) < 1e-5
 
 
-def _plant(path, payload, meta):
+def _plant(path, payload, meta, deps=b""):
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with open(path, "wb") as handle:
-        handle.write(entry.encode(payload, meta))
+        handle.write(entry.encode(payload, meta, deps))
 
 
 @pytest.mark.reliability
@@ -77,7 +77,7 @@ def test_ptx_that_fails_to_jit_reports_the_driver_log(nvcc13, monkeypatch):
     monkeypatch.setenv("PTXBACKEND_CUBIN_CACHE", "0")
     art = ptxbackend.compile(SAXPY, target="compute_75")
     broken = art.image.replace(b"ret;", b"ret_not_an_instruction;")
-    _plant(art.path, broken, {"key": art.key, "kind": "ptx"})
+    _plant(art.path, broken, {"key": art.key, "kind": "ptx"}, art.deps)
     cached = ptxbackend.compile(SAXPY, target="compute_75")
     assert cached.cache_hit and cached.image == broken
     with pytest.raises(DriverError) as info:
@@ -95,7 +95,8 @@ def test_wrong_arch_cubin_planted_at_jit_level_is_rebuilt(nvcc13):
     assert os.path.exists(jit_path)
     other = "sm_80" if cc >= 90 else "sm_90"
     wrong = ptxbackend.compile(SAXPY, target=other, device_cc=other[3] + "." + other[4])
-    _plant(jit_path, wrong.image, {"key": art.key, "kind": "cubin"})
+    # With the PTX entry's own dependency section: only the driver's rejection can catch it.
+    _plant(jit_path, wrong.image, {"key": art.key, "kind": "cubin"}, art.deps)
     module = ptxbackend.load(art)
     assert run_saxpy(module) < 1e-5
     assert entry.decode(open(jit_path, "rb").read())[0] != wrong.image
