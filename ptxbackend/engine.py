@@ -294,7 +294,7 @@ def _host(comp, path_options):
     return comp.identity.host, ()
 
 
-def _compile(settings, source, options, compiler, name, source_dir=None, jit_first=True):
+def _compile(settings, source, options, compiler, name, source_dir=None, jit_first=True, reprobed=False):
     configure_logging(settings.log)
     store, comp, missing = _prepare(settings, compiler)
     cc = device_compute_capability(settings)
@@ -327,12 +327,8 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
     if found is None:
         with store.lock(path):
             found = _valid(store.read(path, key, chosen.output_kind, False, True), path, store)
-            if found is None and not comp.identity.all_unchanged():
-                # A file behind the toolkit changed (cicc, ptxas, nvcc.profile ...): probe it again
-                # before anything is built and filed under the old identity.
-                _forget_compilers()
-                return _compile(settings, source, options, compiler, name, source_dir, jit_first)
-            if found is None:
+            changed = found is None and not comp.identity.all_unchanged()
+            if found is None and not changed:
                 inputs = list(request.path_options.option_files)
                 started = time.time()
                 image = comp.compile(source, request.options, chosen, name, inputs)
@@ -351,6 +347,15 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
                                     cc, store)
                 artifact.deps = section
                 return artifact
+    if found is None:
+        # A file behind the toolkit changed (cicc, ptxas, nvcc.profile ...): probe it again, with the
+        # entry's lock released, before anything is built and filed under the old identity.
+        _forget_compilers()
+        if reprobed:
+            raise CompilerNotFoundError(
+                "the files of %s kept changing while ptxbackend probed them (an install or upgrade "
+                "under way?); try again when it is done" % comp.identity.path)
+        return _compile(settings, source, options, compiler, name, source_dir, jit_first, True)
     log.debug("ptxbackend: cache hit %s", path)
     artifact = Artifact(found[0], chosen.output_kind, chosen, producer, key, path, True, reason, cc, store)
     artifact.deps = found[2]

@@ -229,7 +229,7 @@ def test_relative_include_dir_and_header_beside_the_source(compiler, request, tm
 def _hang_guarded(code, env):
     """Run ``code`` in a child; a hang becomes a failure after a generous limit, not a stuck CI."""
     proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=REPO, **env),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
     return proc.returncode, proc.stdout.decode("utf-8", "replace")
 
 
@@ -281,6 +281,9 @@ def test_toolkit_swapped_behind_an_unchanged_wrapper_is_seen_at_the_next_call(nv
     monkeypatch.setenv("PTXBACKEND_NVCC", str(wrapper))
     before = ptxbackend.compile(KERNEL.replace("VAL", "1.0f"), device_cc="9.0")
     assert before.producer == "nvcc-11.2.152" and str(before.target) == "compute_86"
+    # A hit first: this process has now checked the toolkit's headers and trusts them, so only the
+    # per-call check of the compiler's own files can see the swap.
+    assert ptxbackend.compile(KERNEL.replace("VAL", "1.0f"), device_cc="9.0").cache_hit
     wrapper_stat = os.stat(str(wrapper))
     os.unlink(str(link))
     os.symlink(str(tmp_path / "tk13"), str(link))
@@ -350,3 +353,34 @@ def test_warm_hit_with_headers_spawns_no_compiler(logging_nvcc, tmp_path):
     calls = count_calls(log)
     assert subprocess.check_output([sys.executable, "-c", code], env=env).decode().strip() == "True"
     assert count_calls(log) == calls  # a fresh process's hit: not one nvcc process, not even a probe
+
+
+class _CoarseStat(object):
+    """A stat result as a file system with whole-second times reports it (ext3, FAT, some NFS)."""
+
+    def __init__(self, st):
+        for name in ("st_mode", "st_ino", "st_dev", "st_size"):
+            setattr(self, name, getattr(st, name))
+        self.st_mtime = self.st_ctime = float(int(st.st_ctime))
+        self.st_mtime_ns = self.st_ctime_ns = int(st.st_ctime) * 10 ** 9
+
+
+def test_a_header_changed_in_the_same_timestamp_tick_is_compared_by_content(tmp_path, monkeypatch):
+    """An edit right after the compile read a file, within the file system's timestamp resolution,
+    leaves size, mtime and ctime all equal.  Such a file is recorded untrusted and compared by
+    content on every hit; trusting its stat would serve the old output."""
+    real_stat, real_read = os.stat, deps.read_regular
+    monkeypatch.setattr(deps, "_stat", lambda path: _CoarseStat(real_stat(path)))
+    monkeypatch.setattr(deps, "read_regular", lambda path: (lambda r: (r[0], _CoarseStat(r[1])))(real_read(path)))
+    header = tmp_path / "val.cuh"
+    for _attempt in range(20):
+        header.write_bytes(b"#define VAL 1.0f\n")
+        records = deps.record([str(header)])
+        header.write_bytes(b"#define VAL 2.0f\n")  # same size, the same second
+        if int(real_stat(str(header)).st_ctime) == records[0][3] // 10 ** 9:
+            break
+    else:
+        pytest.skip("every rewrite landed in a later second")
+    deps.forget()
+    section = deps.encode(records, [])[0]
+    assert not deps.still_valid(section)

@@ -42,6 +42,7 @@ from .._fsutil import NotARegularFile, read_regular
 RACY_SECONDS = 2.0
 EMPTY = b"\n[]"
 
+_stat = os.stat  # one name for the check's stat, so a test can give it a coarse file system's times
 _lock = threading.Lock()
 _known_hashes = {}       # path -> (signature, sha256): what this process hashed and could trust
 _valid_systems = set()   # digests of system-file sets found unchanged in this process
@@ -106,7 +107,7 @@ def _remember(path, signature, digest):
 def _unchanged(item, missing_ok):
     path, size, mtime_ns, ctime_ns, ino, digest, trusted = item
     try:
-        st = os.stat(path)
+        st = _stat(path)
     except OSError:
         return missing_ok
     # Every warm hit pays this for each of the caller's headers: compare fields, build nothing.
@@ -176,15 +177,31 @@ def forget():
 
 def split_system(paths, system_dirs, user_dirs):
     """``(user, system)`` lists: a path is the system's when it lies under a system directory
-    and under none that the request named itself (``-I``, ``-isystem``, CPATH ...)."""
+    and under none that the request named itself (``-I``, ``-isystem``, CPATH ...).
+
+    Paths are compared as spelt and with links resolved, both sides: a toolkit reached through a
+    link (``/usr/local/cuda``) or installed as a tree of links is still the toolkit.
+    """
+    system_dirs = _both_forms(system_dirs)
+    user_dirs = _both_forms(user_dirs)
     user, system = [], []
     for path in paths:
-        real = os.path.realpath(path)
-        if any(_under(real, d) for d in system_dirs) and not any(_under(real, d) for d in user_dirs):
+        forms = (os.path.abspath(path), os.path.realpath(path))
+        if any(_under(f, d) for f in forms for d in system_dirs) \
+                and not any(_under(f, d) for f in forms for d in user_dirs):
             system.append(path)
         else:
             user.append(path)
     return user, system
+
+
+def _both_forms(dirs):
+    found = []
+    for directory in dirs:
+        for form in (os.path.abspath(directory), os.path.realpath(directory)):
+            if form not in found:
+                found.append(form)
+    return found
 
 
 def _under(path, directory):

@@ -150,7 +150,7 @@ def probe_host(path):
             elif line.startswith("End of search list"):
                 break
             elif inside and line.startswith(" "):
-                dirs.append(os.path.realpath(line.strip()))
+                dirs.append(os.path.normpath(line.strip()))
     except (OSError, subprocess.TimeoutExpired):
         pass
     return CompilerIdentity("host", path, version or "unknown", (), (), False,
@@ -186,7 +186,9 @@ def probe_nvcc(path):
     search_path = facts.get("PATH") or os.environ.get("PATH")
     cicc = _resolve_host(facts.get("cicc") or os.path.join(top, "nvvm", "bin", "cicc"), search_path)
     libdevice = facts.get("NVVMIR_LIBRARY_DIR") or os.path.join(top, "nvvm", "libdevice")
-    # The sentinels first: what discovery found, the real nvcc behind it, and the host compiler.
+    # The sentinels first: what discovery found and the real nvcc behind it (through any link, so a
+    # swapped /usr/local/cuda shows).  The rest, host compiler included, is checked by every new
+    # process and before every compile.
     workers = [path, os.path.join(here, "nvcc")]
     rest = [os.path.join(here, "nvcc.profile"), cicc, os.path.join(here, "ptxas"),
             os.path.join(libdevice, "libdevice.10.bc")]
@@ -196,7 +198,7 @@ def probe_nvcc(path):
     if host:
         host_path = _resolve_host(host, search_path)
         host_identity = probe_host(host_path)
-        workers.append(host_path)
+        rest.append(host_path)
         system_dirs += host_identity.system_dirs
         host_text = host_identity.host
     files, seen = [], set()
@@ -208,9 +210,9 @@ def probe_nvcc(path):
             files.append([worker, file_signature(worker)])
     real_dirs = []
     for directory in system_dirs:
-        real_dir = os.path.realpath(directory)
-        if real_dir not in real_dirs:
-            real_dirs.append(real_dir)
+        for form in (os.path.normpath(os.path.abspath(directory)), os.path.realpath(directory)):
+            if form not in real_dirs:
+                real_dirs.append(form)
     return CompilerIdentity("nvcc", path, version, virtual, real, reliable, files, real_dirs, host_text,
                             sentinels)
 def _arch_flags(target):

@@ -147,7 +147,8 @@ def _fingerprint(path):
 
 
 def _work_files(path):
-    """The library as found, the file behind it, and the builtins library beside it."""
+    """The library as found (the sentinel: a stat of it follows any link), the file behind it, and
+    the builtins library beside it (updated with it)."""
     real = os.path.realpath(path)
     files = [path] if real == path else [path, real]
     directory = os.path.dirname(real)
@@ -197,7 +198,7 @@ def probe_nvrtc(path):
         archs = archs_from_table(version)
     cubins = (major.value, minor.value) >= (11, 1) and library.nvrtcGetCUBIN is not None
     return CompilerIdentity("nvrtc", path, full, archs, archs if cubins else (), reliable,
-                            files=_work_files(path))
+                            files=_work_files(path), sentinels=1)
 
 
 def _as_bytes(value, what):
