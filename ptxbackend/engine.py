@@ -30,6 +30,7 @@ _device_ccs = {}
 _choices = {}
 _prepared = {}
 _requests = {}
+_settled = {}
 _warned = set()
 
 
@@ -138,6 +139,7 @@ def _forget_compilers():
         _compilers.clear()
         _prepared.clear()
         _choices.clear()
+        _settled.clear()
 
 
 def _explicit_compiler(settings, compiler):
@@ -176,12 +178,13 @@ def _prepare(settings, compiler):
 class _Request(object):
     """What a compile request is, besides its source and target, for one compiler."""
 
-    __slots__ = ("options", "context", "path_options")
+    __slots__ = ("options", "context", "path_options", "cwd_free")
 
-    def __init__(self, options, context, path_options):
+    def __init__(self, options, context, path_options, cwd_free):
         self.options = options
         self.context = context
         self.path_options = path_options
+        self.cwd_free = cwd_free  # no relative path: the same wherever the process is
 
 
 def _request(options, name, source_dir, kind, host, environment):
@@ -200,13 +203,33 @@ def _request(options, name, source_dir, kind, host, environment):
     backend = COMPILERS.get(kind)
     compiled_name = backend.compiled_name(name) if backend else str(name)
     context = (compiled_name, host) + environment
-    found = _Request(parsed.options, context, parsed)
     # A relative path depends on the working directory, which can change: remember only the rest.
-    if marker is not None and parsed.options == options:
+    found = _Request(parsed.options, context, parsed,
+                     parsed.options == options and (not source_dir or os.path.isabs(source_dir)))
+    if marker is not None and found.cwd_free:
         with _lock:
             if len(_requests) >= 1024:
                 _requests.clear()
             _requests[marker] = found
+    return found
+
+
+def _settled_request(options, name, source_dir, comp, settings):
+    """:func:`_request` for a compiler in use, remembered per (options, name, directory, compiler,
+    settings): the warm path's one dictionary lookup for all of it."""
+    marker = (options, name, source_dir, comp, settings)
+    try:
+        found = _settled.get(marker)
+    except TypeError:
+        marker = found = None
+    if found is None:
+        found = _request(options, name, source_dir, comp.kind, comp.identity.host,
+                         _environment(settings, type(comp)))
+        if marker is not None and found.cwd_free:
+            with _lock:
+                if len(_settled) >= 1024:
+                    _settled.clear()
+                _settled[marker] = found
     return found
 
 
@@ -307,8 +330,7 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
         raise TargetError("%s cannot produce a %s (target %s); use nvcc (PTXBACKEND_COMPILER=nvcc) "
                           "or a target it supports: %s" % (comp.identity.producer, chosen.output_kind,
                                                            chosen, ", ".join(comp.output_kinds)))
-    request = _request(options, name, source_dir, comp.kind, comp.identity.host,
-                       _environment(settings, type(comp)))
+    request = _settled_request(options, name, source_dir, comp, settings)
     extra_system = ()
     if request.path_options.ccbin:
         host, extra_system = _host(comp, request.path_options)
@@ -508,5 +530,6 @@ def _reset_for_tests():
         _choices.clear()
         _prepared.clear()
         _requests.clear()
+        _settled.clear()
         _warned.clear()
     deps.forget()

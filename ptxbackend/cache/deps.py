@@ -83,6 +83,8 @@ def record(paths, started=None):
 
 def encode(user_records, system_records):
     """``(section, system_list, digest)``: the entry's section, and the system list to keep by digest."""
+    if not user_records and not system_records:
+        return b"", None, None  # nothing read besides the source: a hit has nothing to check
     user = json.dumps(user_records, separators=(",", ":")).encode("utf-8")
     if not system_records:
         return b"\n" + user, None, None
@@ -151,7 +153,16 @@ def still_valid(section, load_system=None, missing_ok=False):
                 if len(_parsed) >= 4096:
                     _parsed.clear()
                 _parsed[user] = records
+        stat = _stat
         for item in records:
+            # The common case inline (every warm hit, every header): a trusted, unchanged stat.
+            try:
+                st = stat(item[0])
+            except OSError:
+                st = None
+            if st is not None and item[6] and st.st_mtime_ns == item[2] and st.st_ctime_ns == item[3] \
+                    and st.st_ino == item[4] and st.st_size == item[1]:
+                continue
             if not _unchanged(item, missing_ok):
                 return False
     digest = section[:first]
