@@ -384,3 +384,17 @@ def test_a_header_changed_in_the_same_timestamp_tick_is_compared_by_content(tmp_
     deps.forget()
     section = deps.encode(records, [])[0]
     assert not deps.still_valid(section)
+
+
+@pytest.mark.toolkit
+def test_nvrtc_replaced_while_loaded_is_an_error_not_a_compile_by_the_old_library(nvrtc12_pair, tmp_path,
+                                                                                   monkeypatch):
+    old, new = nvrtc12_pair
+    lib = str(tmp_path / "site" / "nvrtc")
+    _install_nvrtc(old, lib)
+    monkeypatch.setenv("PTXBACKEND_NVRTC", lib)
+    first = ptxbackend.compile(KERNEL.replace("VAL", "1.0f"), target="compute_75", compiler="nvrtc")
+    assert first.producer == "nvrtc-12.0.76"
+    _install_nvrtc(new, lib)
+    with pytest.raises(ptxbackend.errors.CompilerNotFoundError, match="replaced after this process loaded it"):
+        ptxbackend.compile(KERNEL.replace("VAL", "2.0f"), target="compute_75", compiler="nvrtc")
