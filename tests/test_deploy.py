@@ -1,5 +1,6 @@
 """Deployment: record and replay kernels, export and import bundles, a machine without compilers."""
 
+import hashlib
 import io
 import json
 import os
@@ -126,3 +127,57 @@ def test_compile_without_compiler_or_cache_entry_says_so(monkeypatch, tmp_path):
     with pytest.raises(CompilerNotFoundError) as info:
         ptxbackend.compile(SAXPY, device_cc="7.5")
     assert "Import a bundle" in str(info.value)
+
+
+def test_bundle_reaches_a_line_pc_with_the_same_toolkit_as_hits(logging_nvcc, tmp_path):
+    """A line PC with the build box's toolkit checks the entries' toolkit headers from the bundle's
+    header lists and hits: nothing is compiled again."""
+    wrapper, log = logging_nvcc
+    env = {"PTXBACKEND_NVCC": wrapper, "PTXBACKEND_CACHE_DIR": str(tmp_path / "build-box")}
+    code = "import ptxbackend; a = ptxbackend.compile(%r, target='compute_75'); print(a.cache_hit)" % SAXPY
+    assert run_python(code, env).strip() == "False"
+    path = str(tmp_path / "kernels.tgz")
+    bundle.export_bundle(DirectoryStore(str(tmp_path / "build-box")), path)
+    names = tarfile.open(path).getnames()
+    assert any("/sysdeps/" in n for n in names) and not any("/meta/" in n for n in names)
+    compiles = count_calls(log, "--ptx")
+    bundle.import_bundle(DirectoryStore(str(tmp_path / "line-pc")), path)
+    env["PTXBACKEND_CACHE_DIR"] = str(tmp_path / "line-pc")
+    assert run_python(code, env).strip() == "True"
+    assert count_calls(log, "--ptx") == compiles
+
+
+def _valid_bundle_plus(tmp_path, name, data):
+    """A bundle whose manifest lists ``name`` with its true checksum: only the kind check can refuse it."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    manifest = {"format": bundle.BUNDLE_FORMAT, "schema": SCHEMA_VERSION,
+                "files": [{"name": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}]}
+    return _bundle_with(tmp_path, [(info, data)], manifest)
+
+
+def test_import_refuses_a_compiler_memo(tmp_path):
+    memo = json.dumps({"fingerprint": "x", "identity": {"kind": "nvrtc", "path": "/tmp/evil.so"}}).encode()
+    path = _valid_bundle_plus(tmp_path, LAYOUT + "/meta/compilers/" + "a" * 32 + ".json", memo)
+    with pytest.raises(CacheError, match="unexpected member"):
+        bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), path)
+    assert not os.path.exists(str(tmp_path / "c" / LAYOUT / "meta" / "compilers"))
+
+
+def test_import_refuses_a_producer_record_that_names_a_path(tmp_path):
+    record = json.dumps({"kind": "nvrtc", "version": "12.0.76", "virtual_archs": [75], "real_archs": [75],
+                         "archs_reliable": True, "path": "/tmp/evil.so"}).encode()
+    path = _valid_bundle_plus(tmp_path, LAYOUT + "/nvrtc-12.0.76/identity.json", record)
+    with pytest.raises(CacheError, match="not a producer record"):
+        bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), path)
+
+
+def test_import_refuses_a_header_list_not_named_by_its_digest(tmp_path):
+    data = json.dumps([["/usr/include/stdio.h", 1, 2, 3, 4, "0" * 64, True]]).encode()
+    wrong = "ab" + "0" * 62
+    path = _valid_bundle_plus(tmp_path, "%s/sysdeps/ab/%s.json" % (LAYOUT, wrong), data)
+    with pytest.raises(CacheError, match="SHA-256 of its content"):
+        bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), path)
+    right = hashlib.sha256(data).hexdigest()
+    ok = _valid_bundle_plus(tmp_path, "%s/sysdeps/%s/%s.json" % (LAYOUT, right[:2], right), data)
+    assert bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), ok) == (0, 0)

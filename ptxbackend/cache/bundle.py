@@ -2,12 +2,17 @@
 
 A bundle is a tar file holding ``ptxbackend-bundle.json`` (format, schema
 version, and the SHA-256 and size of every file) followed by the files
-themselves, laid out as in the store (``v1/<producer>/<target>/...``).
+themselves, laid out as in the store (``v3/<producer>/<target>/...``): the
+entries, each producer's record (what it can emit; no path of the build box),
+and the lists of toolkit headers the entries' compiles read
+(``v3/sysdeps/<kk>/<sha256>.json``), so that a line PC with the same toolkit
+can check them and hit instead of compiling again.
 
-Import trusts nothing in the archive: only regular files under the schema's
-directory are accepted, every file must match the manifest's checksum and be a
-valid entry, and each one is written atomically, so a damaged bundle adds
-nothing half-written to the cache.
+Import trusts nothing in the archive: only regular files of those three kinds
+are accepted (never this machine's own compiler memos), every file must match
+the manifest's checksum and be a valid entry, producer record or header list
+(a list's name is its content's SHA-256), and each one is written atomically,
+so a damaged bundle adds nothing half-written to the cache.
 """
 
 import hashlib
@@ -35,6 +40,14 @@ def _identity_files(store):
             yield path
 
 
+def _system_lists(store):
+    top = os.path.join(store.base, "sysdeps")
+    for base, _dirs, files in os.walk(top):
+        for name in sorted(files):
+            if name.endswith(".json") and not name.startswith("."):
+                yield os.path.join(base, name)
+
+
 def export_bundle(store, destination, include_jit=True):
     """Write every entry of ``store`` (and the producers' identities) to a tar at ``destination``.
 
@@ -46,6 +59,7 @@ def export_bundle(store, destination, include_jit=True):
             continue
         files.append(path)
     files.extend(_identity_files(store))
+    files.extend(_system_lists(store))
     records = []
     blobs = []
     for path in sorted(files):
@@ -95,6 +109,58 @@ def _safe_name(name):
             and not any(p in (".", "..") for p in parts) and not name.startswith("/"))
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def _kind_of(name):
+    """``'entry'``, ``'producer'`` or ``'headers'`` for a name a bundle may carry, else ``None``.
+
+    Nothing else is accepted: in particular not ``meta/`` (this machine's compiler memos,
+    which name the programs and libraries it runs), locks, or files of another layout.
+    """
+    parts = name.split("/")
+    if len(parts) == 3 and parts[2] == "identity.json" and parts[1] not in ("meta", "locks", "sysdeps"):
+        return "producer"
+    if len(parts) == 4 and parts[1] == "sysdeps" and parts[3].endswith(".json"):
+        digest = parts[3][:-5]
+        if len(digest) == 64 and set(digest) <= _HEX and parts[2] == digest[:2]:
+            return "headers"
+        return None
+    if len(parts) >= 5 and parts[1] not in ("meta", "locks", "sysdeps") \
+            and parts[-1].rsplit(".", 1)[-1] in ("ptx", "cubin", "fatbin"):
+        return "entry"
+    return None
+
+
+def _check_file(kind, name, data):
+    """Raise ``ValueError`` saying why ``data`` is not a valid file of ``kind``."""
+    if kind == "entry":
+        try:
+            entry_format.decode(data)
+        except entry_format.CorruptEntry as exc:
+            raise ValueError("not a valid entry (%s)" % exc)
+        return
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except ValueError:
+        raise ValueError("not JSON")
+    if kind == "headers":
+        if hashlib.sha256(data).hexdigest() != name.rsplit("/", 1)[1][:-5]:
+            raise ValueError("its name is not the SHA-256 of its content")
+        if not isinstance(value, list) or not all(_header_record(r) for r in value):
+            raise ValueError("not a list of header records")
+        return
+    allowed = {"kind", "version", "virtual_archs", "real_archs", "archs_reliable", "host"}
+    if not isinstance(value, dict) or not set(value) <= allowed or "kind" not in value:
+        raise ValueError("not a producer record (a producer record names no program or library)")
+
+
+def _header_record(record):
+    return (isinstance(record, list) and len(record) == 7 and isinstance(record[0], str)
+            and all(isinstance(v, int) for v in record[1:5]) and isinstance(record[5], str)
+            and isinstance(record[6], bool))
+
+
 def import_bundle(store, source):
     """Verify and add the bundle at ``source`` to ``store``.
 
@@ -123,20 +189,20 @@ def import_bundle(store, source):
         for member in archive.getmembers():
             if member.name == MANIFEST:
                 continue
-            if not member.isfile() or not _safe_name(member.name) or member.name not in expected:
-                raise CacheError("%s: unexpected member %r (not a regular file listed in the manifest); "
-                                 "nothing was imported" % (source, member.name))
+            kind = _kind_of(member.name) if _safe_name(member.name) else None
+            if not member.isfile() or kind is None or member.name not in expected:
+                raise CacheError("%s: unexpected member %r (not a regular file listed in the manifest, or "
+                                 "not an entry, producer record or header list); nothing was imported"
+                                 % (source, member.name))
             data = archive.extractfile(member).read()
             record = expected.pop(member.name)
             if hashlib.sha256(data).hexdigest() != record["sha256"] or len(data) != record["size"]:
                 raise CacheError("%s: %s does not match its checksum; the bundle is damaged, nothing was "
                                  "imported" % (source, member.name))
-            if not member.name.endswith(".json"):
-                try:
-                    entry_format.decode(data)
-                except entry_format.CorruptEntry as exc:
-                    raise CacheError("%s: %s is not a valid entry (%s); nothing was imported"
-                                     % (source, member.name, exc))
+            try:
+                _check_file(kind, member.name, data)
+            except ValueError as exc:
+                raise CacheError("%s: %s is %s; nothing was imported" % (source, member.name, exc))
             verified.append((member.name, data))
         if expected:
             raise CacheError("%s: %d files listed in the manifest are missing (e.g. %s); nothing was imported"

@@ -7,6 +7,7 @@ import stat as stat_module
 
 from .._fsutil import read_regular
 
+
 def parse_depfile(text, base_dir):
     """The prerequisites of a make rule as nvcc ``-MD -MF`` writes it, as absolute paths."""
     joined = text.replace("\\\n", " ")

@@ -215,6 +215,8 @@ def probe_nvcc(path):
                 real_dirs.append(form)
     return CompilerIdentity("nvcc", path, version, virtual, real, reliable, files, real_dirs, host_text,
                             sentinels)
+
+
 def _arch_flags(target):
     if target.output_kind == "ptx":
         return ["-arch=compute_%d%s" % target.parts[0][1:]]

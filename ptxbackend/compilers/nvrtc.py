@@ -238,7 +238,6 @@ def _failure_hint(result, log, identity):
     return ""
 
 
-
 _uselocale = []
 
 
