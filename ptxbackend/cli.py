@@ -83,7 +83,7 @@ def _cmd_cache(args):
             print("ptxbackend: error: cache %s needs a FILE" % args.action, file=sys.stderr)
             return 2
         if args.action == "export":
-            count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit)
+            count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force)
             print("exported %d entries from %s to %s (%d bytes)" % (count, store.root, args.file,
                                                                    os.path.getsize(args.file)))
         else:
@@ -167,6 +167,7 @@ def build_parser():
     cache.add_argument("file", nargs="?", help="export/import: the bundle (a tar file)")
     cache.add_argument("--no-jit", action="store_true",
                        help="export: leave out the per-GPU JIT cubins (keep only compiler output)")
+    cache.add_argument("--force", action="store_true", help="export: replace an existing FILE")
     cache.add_argument("--cache-dir", help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
     cache.add_argument("--max-size", help="prune: size limit, e.g. 500M (default PTXBACKEND_CACHE_MAX_SIZE)")

@@ -181,3 +181,77 @@ def test_import_refuses_a_header_list_not_named_by_its_digest(tmp_path):
     right = hashlib.sha256(data).hexdigest()
     ok = _valid_bundle_plus(tmp_path, "%s/sysdeps/%s/%s.json" % (LAYOUT, right[:2], right), data)
     assert bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), ok) == (0, 0)
+
+
+def _real_bundle(tmp_path, nvcc13):
+    store = DirectoryStore(str(tmp_path / "build-box"))
+    ptxbackend.compile(SAXPY, target="compute_75", cache_dir=store.root)
+    path = str(tmp_path / "kernels.tgz")
+    bundle.export_bundle(store, path)
+    return path
+
+
+def test_export_never_writes_through_a_planted_file_and_needs_force(nvcc13, tmp_path):
+    store = DirectoryStore(str(tmp_path / "build-box"))
+    ptxbackend.compile(SAXPY, target="compute_75", cache_dir=store.root)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    dest = tmp_path / "out.tgz"
+    # The old temporary name, planted as a link to a victim: a fixed name would be written through.
+    os.symlink(str(victim), str(dest) + ".tmp-%d" % os.getpid())
+    for pid in range(os.getpid() - 50, os.getpid() + 50):
+        try:
+            os.symlink(str(victim), str(tmp_path / (".out.tgz.tmp-%d" % pid)))
+        except OSError:
+            pass
+    assert bundle.export_bundle(store, str(dest)) == 1
+    assert victim.read_bytes() == b"precious"
+    with pytest.raises(CacheError, match="--force"):
+        bundle.export_bundle(store, str(dest))
+    assert bundle.export_bundle(store, str(dest), force=True) == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bit flip"])
+def test_damaged_bundle_is_one_clear_error_and_imports_nothing(nvcc13, tmp_path, damage):
+    path = _real_bundle(tmp_path, nvcc13)
+    data = bytearray(open(path, "rb").read())
+    if damage == "truncated":
+        data = data[:len(data) * 2 // 3]
+    else:
+        data[len(data) // 2] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    target = tmp_path / "line-pc"
+    with pytest.raises(CacheError, match="damaged|checksum") as info:
+        bundle.import_bundle(DirectoryStore(str(target)), path)
+    assert path in str(info.value)
+    assert not [p for p, _s, _m in DirectoryStore(str(target)).entries()]
+
+
+def test_member_larger_than_its_manifest_says_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """A small archive whose member unpacks far past the size its manifest declares."""
+    import gzip
+    name = LAYOUT + "/nvcc-13.0.88/compute_75/ab/" + "ab" * 32 + ".ptx"
+    size = 64 << 20  # zeros compress to almost nothing
+    path = str(tmp_path / "bomb.tgz")
+    manifest = {"format": bundle.BUNDLE_FORMAT, "schema": SCHEMA_VERSION,
+                "files": [{"name": name, "sha256": "0" * 64, "size": 1}]}
+    with gzip.open(path, "wb") as raw, tarfile.open(fileobj=raw, mode="w") as archive:
+        data = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(bundle.MANIFEST)
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo(name)
+        info.size = size
+        archive.addfile(info, io.BytesIO(bytes(size)))
+    assert os.path.getsize(path) < size // 100
+    reads = []
+    real_extract = tarfile.TarFile.extractfile
+
+    def counting(self, member):
+        handle = real_extract(self, member)
+        reads.append(member.name)
+        return handle
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", counting)
+    with pytest.raises(CacheError, match="its manifest says 1"):
+        bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), path)
+    assert reads == [bundle.MANIFEST]  # the member itself was never read

@@ -21,7 +21,9 @@ import json
 import os
 import posixpath
 import tarfile
+import tempfile
 import time
+import zlib
 
 from .. import __version__, _fsutil
 from ..errors import CacheError
@@ -31,6 +33,11 @@ from .store import LAYOUT
 
 MANIFEST = "ptxbackend-bundle.json"
 BUNDLE_FORMAT = 1
+# What an import reads at most: a manifest, one file, all files.  Far above any real cache (kernels are
+# kilobytes, a header list tens of kilobytes), far below what would exhaust a line PC's memory.
+MAX_MANIFEST = 64 << 20
+MAX_FILE = 256 << 20
+MAX_TOTAL = 4 << 30
 
 
 def _identity_files(store):
@@ -48,11 +55,15 @@ def _system_lists(store):
                 yield os.path.join(base, name)
 
 
-def export_bundle(store, destination, include_jit=True):
+def export_bundle(store, destination, include_jit=True, force=False):
     """Write every entry of ``store`` (and the producers' identities) to a tar at ``destination``.
 
+    An existing ``destination`` is replaced only with ``force``.  The tar is written to a new file
+    (``O_EXCL``) beside it and renamed into place, so nothing planted there is ever written through.
     Returns the number of entries written.
     """
+    if os.path.lexists(destination) and not force:
+        raise CacheError("%s already exists; choose another name or pass --force to replace it" % destination)
     files = []
     for path, _size, _mtime in store.entries():
         if not include_jit and os.sep + "jit" + os.sep in path:
@@ -82,12 +93,16 @@ def export_bundle(store, destination, include_jit=True):
         blobs.append((name, data))
     manifest = {"format": BUNDLE_FORMAT, "schema": SCHEMA_VERSION, "ptxbackend": __version__,
                 "created": time.time(), "files": records}
-    tmp = destination + ".tmp-%d" % os.getpid()
+    directory = os.path.dirname(os.path.abspath(destination))
+    if not os.path.isdir(directory):
+        raise CacheError("cannot write %s: the directory %s does not exist" % (destination, directory))
+    fd, tmp = tempfile.mkstemp(prefix=".%s.tmp-" % os.path.basename(destination), dir=directory)
     try:
-        with tarfile.open(tmp, "w:gz") as archive:
-            _add(archive, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
-            for name, data in blobs:
-                _add(archive, name, data)
+        with os.fdopen(fd, "wb") as handle:
+            with tarfile.open(fileobj=handle, mode="w:gz") as archive:
+                _add(archive, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+                for name, data in blobs:
+                    _add(archive, name, data)
         os.replace(tmp, destination)
     except BaseException:
         _fsutil.remove_quietly(tmp)
@@ -161,30 +176,30 @@ def _header_record(record):
             and isinstance(record[6], bool))
 
 
-def import_bundle(store, source):
-    """Verify and add the bundle at ``source`` to ``store``.
-
-    Returns ``(entries_added, entries_already_present)``.  Raises
-    :class:`CacheError` for a bundle of another schema version, a missing or
-    invalid manifest, or any file whose checksum or format does not verify
-    (then nothing from the bundle is added).
-    """
+def _read_verified(source):
+    """Every file of the bundle at ``source``, checked; raises before anything is written."""
     try:
         archive = tarfile.open(source, "r:*")
-    except (OSError, tarfile.TarError) as exc:
+    except tarfile.TarError as exc:
         raise CacheError("%s is not a ptxbackend bundle (cannot open it as tar: %s)" % (source, exc))
     with archive:
         try:
             member = archive.getmember(MANIFEST)
+            if not member.isfile() or member.size > MAX_MANIFEST:
+                raise ValueError("a manifest of %d bytes" % member.size)
             manifest = json.loads(archive.extractfile(member).read().decode("utf-8"))
-        except (KeyError, ValueError, AttributeError) as exc:
+            expected = {r["name"]: r for r in manifest.get("files", [])}
+            declared = sum(int(r["size"]) for r in expected.values())
+        except (KeyError, ValueError, AttributeError, TypeError) as exc:
             raise CacheError("%s has no valid %s: not a ptxbackend bundle (%s)" % (source, MANIFEST, exc))
         if manifest.get("schema") != SCHEMA_VERSION or manifest.get("format") != BUNDLE_FORMAT:
             raise CacheError(
                 "%s was made with cache schema %s (bundle format %s); this ptxbackend %s reads schema %d. "
                 "Export the bundle again with a matching ptxbackend version on the build box."
                 % (source, manifest.get("schema"), manifest.get("format"), __version__, SCHEMA_VERSION))
-        expected = {r["name"]: r for r in manifest.get("files", [])}
+        if declared > MAX_TOTAL:
+            raise CacheError("%s declares %d bytes of files, more than an import reads (%d); nothing was "
+                             "imported" % (source, declared, MAX_TOTAL))
         verified = []
         for member in archive.getmembers():
             if member.name == MANIFEST:
@@ -194,8 +209,12 @@ def import_bundle(store, source):
                 raise CacheError("%s: unexpected member %r (not a regular file listed in the manifest, or "
                                  "not an entry, producer record or header list); nothing was imported"
                                  % (source, member.name))
-            data = archive.extractfile(member).read()
             record = expected.pop(member.name)
+            # Sizes are checked before a byte is read: a small archive may unpack to gigabytes.
+            if member.size != record["size"] or member.size > MAX_FILE:
+                raise CacheError("%s: %s is %d bytes, its manifest says %d (at most %d are read); nothing "
+                                 "was imported" % (source, member.name, member.size, record["size"], MAX_FILE))
+            data = archive.extractfile(member).read(member.size + 1)
             if hashlib.sha256(data).hexdigest() != record["sha256"] or len(data) != record["size"]:
                 raise CacheError("%s: %s does not match its checksum; the bundle is damaged, nothing was "
                                  "imported" % (source, member.name))
@@ -207,6 +226,24 @@ def import_bundle(store, source):
         if expected:
             raise CacheError("%s: %d files listed in the manifest are missing (e.g. %s); nothing was imported"
                              % (source, len(expected), sorted(expected)[0]))
+    return verified
+
+
+def import_bundle(store, source):
+    """Verify and add the bundle at ``source`` to ``store``.
+
+    Returns ``(entries_added, entries_already_present)``.  Raises
+    :class:`CacheError` for a bundle of another schema version, a missing or
+    invalid manifest, or any file whose checksum or format does not verify
+    (then nothing from the bundle is added).
+    """
+    try:
+        verified = _read_verified(source)
+    except (EOFError, zlib.error, tarfile.TarError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise CacheError("cannot read %s: %s" % (source, exc.strerror or exc))
+        raise CacheError("%s is damaged or not a complete bundle (%s: %s); copy it again. Nothing was "
+                         "imported" % (source, type(exc).__name__, exc))
     added = present = 0
     for name, data in verified:
         path = os.path.join(store.root, *name.split("/"))
