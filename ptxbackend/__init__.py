@@ -11,7 +11,7 @@ Configuration lives in ``PTXBACKEND_*`` variables (docs/configuration.md).
 
 __version__ = "0.3.0"
 
-from .errors import (CacheError, CompileError, CompilerNotFoundError, DriverError,  # noqa: E402
+from .errors import (CacheError, CompileError, CompilerNotFoundError, ConfigError, DriverError,  # noqa: E402
                      PtxBackendError, TargetError)
 from .engine import Artifact, compile, load  # noqa: E402
 
@@ -44,5 +44,6 @@ def installed():
 
 __all__ = [
     "__version__", "Artifact", "compile", "load", "install", "uninstall", "installed",
-    "PtxBackendError", "CompileError", "CompilerNotFoundError", "TargetError", "CacheError", "DriverError",
+    "PtxBackendError", "CompileError", "CompilerNotFoundError", "ConfigError", "TargetError", "CacheError",
+    "DriverError",
 ]

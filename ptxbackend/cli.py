@@ -17,7 +17,7 @@ def _cmd_doctor(args):
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
         print(doctor.render(report))
-    return 0
+    return 1 if report.get("problems") else 0
 
 
 def _cmd_compile(args):
@@ -199,7 +199,17 @@ def main(argv=None):
         parser.print_help()
         return 2
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is found here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # `ptxbackend cache info | head -1`: the reader has what it wanted; say nothing more.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
     except PtxBackendError as exc:
         print("ptxbackend: error: %s" % exc, file=sys.stderr)
         return 1

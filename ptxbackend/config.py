@@ -10,7 +10,7 @@ import logging
 import os
 import re
 
-from .errors import PtxBackendError
+from .errors import ConfigError
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -52,6 +52,17 @@ def _text(value):
     return str(value).strip() or None
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def parse_log_level(text):
+    """One of :data:`LOG_LEVELS` (any case)."""
+    value = str(text).strip().lower()
+    if value not in LOG_LEVELS:
+        raise ValueError("not a log level: %r (write one of %s)" % (text, ", ".join(LOG_LEVELS)))
+    return value
+
+
 # name -> (environment variable, default, parser)
 KNOBS = {
     "target": ("PTXBACKEND_TARGET", "auto", _text),
@@ -63,7 +74,7 @@ KNOBS = {
     "cache_max_size": ("PTXBACKEND_CACHE_MAX_SIZE", 1 << 30, parse_size),
     "cubin_cache": ("PTXBACKEND_CUBIN_CACHE", True, parse_bool),
     "lock_timeout": ("PTXBACKEND_LOCK_TIMEOUT", 600.0, parse_seconds),
-    "log": ("PTXBACKEND_LOG", "warning", _text),
+    "log": ("PTXBACKEND_LOG", "warning", parse_log_level),
 }
 
 # Variables the compilers read that change what they produce: part of every request's key.
@@ -111,7 +122,7 @@ def _file_values(path):
         # items() interpolates, so a stray '%' fails here, not in read()
         values = dict(parser.items("ptxbackend")) if parser.has_section("ptxbackend") else {}
     except (configparser.Error, UnicodeDecodeError) as exc:  # a binary file fails to decode first
-        raise PtxBackendError("config file %s is not valid UTF-8 INI: %s. Fix it, or point "
+        raise ConfigError("config file %s is not valid UTF-8 INI: %s. Fix it, or point "
                               "PTXBACKEND_CONFIG at another file." % (path, exc))
     unknown = sorted(set(values) - set(KNOBS))
     if unknown:
@@ -187,8 +198,21 @@ def _file_stamp(path):
     return (st.st_mtime, st.st_size, st.st_ino)
 
 
-def _resolve(overrides, file_path):
-    from_file = _file_values(file_path)
+def settings_and_problems():
+    """Settings for a report (``doctor``): each unusable value becomes a problem and its knob's
+    default, instead of an error that would cut the report short.  Returns ``(settings, problems)``."""
+    problems = []
+    return _resolve({}, config_file_path(), problems), problems
+
+
+def _resolve(overrides, file_path, problems=None):
+    try:
+        from_file = _file_values(file_path)
+    except ConfigError as exc:
+        if problems is None:
+            raise
+        problems.append(str(exc))
+        from_file = {}
     values = {}
     origins = {}
     for name, (env, default, parse) in KNOBS.items():
@@ -204,7 +228,12 @@ def _resolve(overrides, file_path):
         try:
             values[name] = parse(raw)
         except ValueError as exc:
-            raise PtxBackendError("%s=%r is invalid: %s" % (env if origin == env else name, raw, exc))
+            error = ConfigError("%s=%r is invalid: %s" % (env if origin == env else name, raw, exc))
+            if problems is None:
+                raise error
+            problems.append(str(error))
+            values[name], origins[name] = default, "default (%s is invalid)" % (env if origin == env else name)
+            continue
         origins[name] = origin
     if not values["cache_dir"]:
         import platformdirs

@@ -27,7 +27,7 @@ import sys
 
 from . import engine
 from .config import load_settings
-from .errors import PtxBackendError, TargetError
+from .errors import ConfigError, PtxBackendError, TargetError
 
 log = logging.getLogger("ptxbackend")
 
@@ -201,7 +201,7 @@ def _serve(compiler_module, gen, call):
 
 def _is_configuration_error(exc):
     # A bad PTXBACKEND_* value or an impossible target is the user's to fix, not to hide.
-    return isinstance(exc, TargetError) or type(exc) is PtxBackendError
+    return isinstance(exc, (TargetError, ConfigError))
 
 
 def _make_replacement(compiler_module, gen, original):

@@ -5,7 +5,7 @@ import sys
 
 from . import __version__, driver
 from .compilers import KINDS, get_compiler
-from .config import load_settings
+from .config import settings_and_problems
 from .engine import open_store
 from .errors import PtxBackendError
 from .targets import choose_target, format_cc
@@ -92,17 +92,28 @@ def _hook_report(warnings):
     return report
 
 
+def _default_kind(settings, compilers):
+    """The compiler compile() would use: the one set, else nvcc when found, else NVRTC."""
+    if settings.compiler in KINDS:
+        return settings.compiler
+    for kind in KINDS:
+        if "error" not in compilers.get(kind, {"error": 1}):
+            return kind
+    return None
+
+
 def collect():
     """Gather the report as a JSON-able dict."""
     warnings = []
     report = {"python": sys.version.split()[0], "executable": sys.executable,
               "ptxbackend": __version__, "package": os.path.dirname(os.path.abspath(__file__))}
-    try:
-        settings = load_settings()
-    except PtxBackendError as exc:
-        warnings.append(str(exc))
-        report["warnings"] = warnings
-        return report
+    # Problems stop ptxbackend from doing what it is set to do (exit status 1); warnings are advice.
+    # Every one is listed and the rest of the report is still made.
+    settings, problems = settings_and_problems()
+    report["problems"] = problems
+    if settings.compiler and settings.compiler not in KINDS:
+        problems.append("PTXBACKEND_COMPILER=%r is not a compiler ptxbackend knows: use %s, or unset it"
+                        % (settings.compiler, " or ".join(KINDS)))
     report["settings"] = {name: {"value": value, "from": settings.origins[name]}
                           for name, value in sorted(settings.as_dict().items())}
     store = open_store(settings)
@@ -119,6 +130,8 @@ def collect():
                                "outputs": list(compiler.output_kinds)}
         except PtxBackendError as exc:
             compilers[kind] = {"error": str(exc)}
+            if getattr(settings, kind):  # named by PTXBACKEND_NVCC / PTXBACKEND_NVRTC: it must work
+                problems.append("%s: %s" % (kind, str(exc).splitlines()[0]))
     devices = []
     drv = {"available": driver.available()}
     if drv["available"]:
@@ -145,6 +158,10 @@ def collect():
                                         "uses": target.part_for(device["cc"])}
             except PtxBackendError as exc:
                 device["auto"][kind] = {"error": str(exc)}
+                if kind == _default_kind(settings, compilers):
+                    problems.append("%s cannot build for %s (%s) with PTXBACKEND_TARGET=%s: %s" % (
+                        kind, device["name"], format_cc(device["cc"]), settings.target,
+                        str(exc).splitlines()[0]))
     for info in compilers.values():
         info.pop("identity", None)
     if all("error" in info for info in compilers.values()):
@@ -209,8 +226,10 @@ def render(report):
         shown = ", ".join("%s=%s" % item for item in sorted(jit["variables"].items()) if item[1]) or "defaults"
         lines.append("driver JIT cache: %s (%s, %s)" % (jit["path"], shown,
                                                         "writable" if jit["writable"] else "NOT writable"))
+    for problem in report.get("problems", []):
+        lines.append("PROBLEM: " + problem)
     for warning in report.get("warnings", []):
         lines.append("WARNING: " + warning)
-    if not report.get("warnings"):
+    if not report.get("warnings") and not report.get("problems"):
         lines.append("no problems found")
     return "\n".join(lines)

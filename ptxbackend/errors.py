@@ -11,6 +11,10 @@ class PtxBackendError(Exception):
     """Base class of every error raised by ptxbackend."""
 
 
+class ConfigError(PtxBackendError, ValueError):
+    """A setting (argument, ``PTXBACKEND_*`` variable or config file) has a value that cannot be used."""
+
+
 class TargetError(PtxBackendError, ValueError):
     """A target string is malformed, or no target fits the device and toolkit."""
 

@@ -114,3 +114,44 @@ def test_cache_info_names_an_old_layout_and_prune_removes_it(tmp_path):
     code, out, _ = cli("cache", "prune", env=env)
     assert code == 0 and "removed the old layout %s" % (cache / "v1") in out
     assert not (cache / "v1").exists() and "old:" not in cli("cache", "info", env=env)[1]
+
+
+def test_a_bad_log_level_is_refused_like_other_bad_values(tmp_path):
+    code, out, err = cli("cache", "info", env={"PTXBACKEND_LOG": "verbose",
+                                               "PTXBACKEND_CACHE_DIR": str(tmp_path / "c")})
+    assert code == 1 and "PTXBACKEND_LOG" in err and "verbose" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_closed_pipe_is_quiet(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(tmp_path / "c"))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`head -1`) is gone before a line is written
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "info"], env=env, stdout=write_end,
+                          stderr=subprocess.PIPE, universal_newlines=True)
+    os.close(write_end)
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == 0
+
+
+def test_doctor_lists_every_problem_completes_the_report_and_exits_1(nvcc13, tmp_path):
+    env = {"PTXBACKEND_DEVICE_CC": "9.0", "PTXBACKEND_TARGET": "bogus", "PTXBACKEND_CACHE_MAX_SIZE": "lots",
+           "PTXBACKEND_COMPILER": "clang", "PTXBACKEND_CACHE_DIR": str(tmp_path / "c")}
+    code, out, err = cli("doctor", "--json", env=env)
+    assert code == 1, err
+    report = json.loads(out)
+    problems = "\n".join(report["problems"])
+    assert len(report["problems"]) == 3, problems
+    for word in ("PTXBACKEND_TARGET", "PTXBACKEND_CACHE_MAX_SIZE", "PTXBACKEND_COMPILER"):
+        assert word in problems
+    assert "cache" in report and "compilers" in report and "devices" in report  # the rest is complete
+    code, out, err = cli("doctor", env=env)
+    assert code == 1 and out.count("PROBLEM: ") == 3 and "no problems found" not in out
+
+
+def test_doctor_reports_a_target_the_default_compiler_cannot_build(nvcc13, tmp_path):
+    env = {"PTXBACKEND_DEVICE_CC": "9.0", "PTXBACKEND_TARGET": "sm_61", "PTXBACKEND_NVCC": nvcc13,
+           "PTXBACKEND_CACHE_DIR": str(tmp_path / "c")}
+    code, out, err = cli("doctor", env=env)
+    assert code == 1 and "PROBLEM: nvcc cannot build" in out, out
+    assert cli("doctor", env=dict(env, PTXBACKEND_TARGET="auto"))[0] == 0
