@@ -7,7 +7,7 @@ import sys
 import time
 
 from . import __version__
-from .errors import PtxBackendError
+from .errors import ConfigError, PtxBackendError
 
 
 def _cmd_doctor(args):
@@ -68,7 +68,10 @@ def _cmd_cache(args):
         print("%d entries verified, %d bad" % (good, len(bad)))
         return 1 if bad and not args.repair else 0
     elif args.action == "prune":
-        limit = parse_size(args.max_size) if args.max_size else None
+        try:
+            limit = parse_size(args.max_size) if args.max_size else None
+        except ValueError as exc:
+            raise ConfigError("--max-size %s" % exc)
         removed, freed = store.prune(limit)
         print("removed %d entries, %.2f MiB" % (removed, freed / 1048576.0))
         for name in store.remove_old_layouts():
@@ -98,6 +101,9 @@ def _cmd_warm(args):
         print("ptxbackend: error: warm needs a MANIFEST (recorded with PTXBACKEND_RECORD=FILE) and/or "
               "--libs", file=sys.stderr)
         return 2
+    from .config import load_settings
+    from .engine import open_store
+    open_store(load_settings())  # the cache it warms must be the real one: fail here, before any work
     status = 0
     if args.manifest:
         from .warm import replay
@@ -195,6 +201,8 @@ def main(argv=None):
         argv, compiler_options = argv[:split], argv[split + 1:]
     args = parser.parse_args(argv)
     args.compiler_options = compiler_options
+    from . import engine
+    engine.temporary_cache_fallback = False  # an admin command on a throwaway cache would only pretend
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

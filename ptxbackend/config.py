@@ -116,14 +116,15 @@ def _file_values(path):
     if cached and cached[0] == stamp:
         return cached[1]
     import configparser
+    text = _read_config_file(path)
     parser = configparser.ConfigParser()
     try:
-        parser.read(path, encoding="utf-8")
+        parser.read_string(text, source=path)
         # items() interpolates, so a stray '%' fails here, not in read()
         values = dict(parser.items("ptxbackend")) if parser.has_section("ptxbackend") else {}
-    except (configparser.Error, UnicodeDecodeError) as exc:  # a binary file fails to decode first
-        raise ConfigError("config file %s is not valid UTF-8 INI: %s. Fix it, or point "
-                              "PTXBACKEND_CONFIG at another file." % (path, exc))
+    except configparser.Error as exc:
+        raise ConfigError("config file %s is not valid INI: %s. Fix it, or point "
+                          "PTXBACKEND_CONFIG at another file." % (path, exc))
     unknown = sorted(set(values) - set(KNOBS))
     if unknown:
         logging.getLogger("ptxbackend").warning(
@@ -131,6 +132,40 @@ def _file_values(path):
             path, ", ".join(unknown), ", ".join(sorted(KNOBS)))
     _file_cache[path] = (stamp, values)
     return values
+
+
+def _read_config_file(path):
+    """The text of the config file, if it is a regular file that only you (or root) can change.
+
+    It names the compiler and the NVRTC library to load: a file someone else can write would let
+    them choose what runs (the check OpenSSH makes of its configuration files).  The checks are of
+    the descriptor read, so nothing can be swapped in between.
+    """
+    import stat as stat_module
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ConfigError("cannot read config file %s: %s" % (path, exc.strerror or exc))
+    st = os.fstat(fd)
+    if not stat_module.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ConfigError("config file %s is not a regular file; point PTXBACKEND_CONFIG at one" % path)
+    with os.fdopen(fd, "rb") as handle:
+        if hasattr(os, "getuid") and st.st_uid not in (os.getuid(), 0):
+            raise ConfigError(
+                "config file %s belongs to uid %d, not to you (uid %d) or root: refusing to take settings "
+                "from it, as they choose the compiler and library ptxbackend runs. Fix its owner, or point "
+                "PTXBACKEND_CONFIG at a file of your own." % (path, st.st_uid, os.getuid()))
+        if st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH):
+            raise ConfigError(
+                "config file %s is writable by group or others (mode %o): refusing to take settings from "
+                "it. Run: chmod go-w %s" % (path, st.st_mode & 0o777, path))
+        data = handle.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config file %s is not valid UTF-8: %s. Fix it, or point PTXBACKEND_CONFIG "
+                          "at another file." % (path, exc))
 
 
 class Settings(object):
@@ -195,7 +230,8 @@ def _file_stamp(path):
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_mtime, st.st_size, st.st_ino)
+    # Owner and mode too: a chmod or chown must be seen by the next call, which re-checks the file.
+    return (st.st_mtime, st.st_size, st.st_ino, st.st_mode, st.st_uid)
 
 
 def settings_and_problems():

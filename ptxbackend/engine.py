@@ -89,8 +89,15 @@ def _warn_once(tag, message, *args):
         log.warning(message, *args)
 
 
+#: Whether a cache that cannot be used falls back to a private temporary one.  A running program
+#: must go on (its kernels are compiled again); the command line turns this off, so that an
+#: administrator's `cache import` or `warm` never reports success on a throwaway cache.
+temporary_cache_fallback = True
+
+
 def open_store(settings):
-    """The store for ``settings.cache_dir``; a private temporary one if that cannot be used."""
+    """The store for ``settings.cache_dir``; a private temporary one if that cannot be used
+    (unless :data:`temporary_cache_fallback` is off: then :class:`CacheError`)."""
     root = os.path.expanduser(settings.cache_dir)
     with _lock:
         store = _stores.get(root)
@@ -98,6 +105,9 @@ def open_store(settings):
             try:
                 store = DirectoryStore(root, settings.cache_max_size, settings.lock_timeout)
             except (CacheError, OSError) as exc:
+                if not temporary_cache_fallback:
+                    raise CacheError("cannot use the cache at %s: %s" % (root, exc) if not isinstance(
+                        exc, CacheError) else str(exc))
                 try:
                     temporary = tempfile.mkdtemp(prefix="ptxbackend-cache-")
                 except OSError as tmp_exc:  # a read-only root file system: say what to set
@@ -523,6 +533,8 @@ def load(artifact_or_source, options=(), **compile_args):
 
 
 def _reset_for_tests():
+    global temporary_cache_fallback
+    temporary_cache_fallback = True
     with _lock:
         _stores.clear()
         _compilers.clear()

@@ -13,6 +13,8 @@ import os
 import sys
 import threading
 
+from .errors import PtxBackendError
+
 RECORD_ENV = "PTXBACKEND_RECORD"
 log = logging.getLogger("ptxbackend")
 
@@ -46,15 +48,18 @@ def read_manifest(path):
     """The distinct requests of a manifest, in first-seen order."""
     seen = set()
     requests = []
-    with open(path) as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
             try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
                 item = json.loads(line)
                 marker = (item["source"], tuple(item["options"]), item["target"], item["compiler"])
-            except (ValueError, KeyError, TypeError):
-                raise ValueError("%s line %d is not a ptxbackend manifest record" % (path, number))
+            except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
+                raise PtxBackendError("%s line %d is not a ptxbackend manifest record (one JSON object a line, "
+                                  "written with PTXBACKEND_RECORD=FILE; a bundle goes to `ptxbackend cache "
+                                  "import`)" % (path, number))
             if marker not in seen:
                 seen.add(marker)
                 requests.append(item)

@@ -155,3 +155,38 @@ def test_doctor_reports_a_target_the_default_compiler_cannot_build(nvcc13, tmp_p
     code, out, err = cli("doctor", env=env)
     assert code == 1 and "PROBLEM: nvcc cannot build" in out, out
     assert cli("doctor", env=dict(env, PTXBACKEND_TARGET="auto"))[0] == 0
+
+
+@pytest.mark.parametrize("command", [("cache", "info"), ("cache", "verify"), ("cache", "import", "BUNDLE"),
+                                     ("warm", "MANIFEST")])
+def test_an_unusable_cache_dir_fails_every_admin_command(tmp_path, command):
+    """A running program falls back to a temporary cache; an admin command must not pretend."""
+    not_a_dir = tmp_path / "cache-is-a-file"
+    not_a_dir.write_text("x")
+    (tmp_path / "manifest.jsonl").write_text("")
+    (tmp_path / "bundle.tgz").write_bytes(b"")
+    args = [str(tmp_path / "bundle.tgz") if a == "BUNDLE" else str(tmp_path / "manifest.jsonl")
+            if a == "MANIFEST" else a for a in command]
+    code, out, err = cli(*args, env={"PTXBACKEND_CACHE_DIR": str(not_a_dir)})
+    assert code == 1, (out, err)
+    assert str(not_a_dir) in err and "Traceback" not in err and "temporary" not in err
+    assert "imported" not in out and "verified" not in out
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to give the file away")
+@pytest.mark.parametrize("how", ["writable by others", "owned by another user"])
+def test_a_config_file_others_can_change_is_refused(tmp_path, how):
+    config = tmp_path / "config.ini"
+    config.write_text("[ptxbackend]\nnvrtc = %s\n" % (tmp_path / "evil.so"))
+    if how == "writable by others":
+        os.chmod(str(config), 0o666)
+    else:
+        os.chown(str(config), 65534, 65534)
+        os.chmod(str(config), 0o644)
+    code, out, err = cli("cache", "info", env={"PTXBACKEND_CONFIG": str(config),
+                                               "PTXBACKEND_CACHE_DIR": str(tmp_path / "c")})
+    assert code == 1 and str(config) in err and "refusing" in err and "Traceback" not in err, err
+    os.chmod(str(config), 0o600)
+    os.chown(str(config), os.getuid(), os.getgid())
+    assert cli("cache", "info", env={"PTXBACKEND_CONFIG": str(config),
+                                     "PTXBACKEND_CACHE_DIR": str(tmp_path / "c")})[0] == 0

@@ -253,3 +253,22 @@ def test_warm_hit_at_the_cubin_level_reads_the_ptx_only_when_asked(nvcc13, monke
     engine.discard_jit(orphan, "test")
     assert orphan.jit is None
     assert engine.loadable_image(orphan) == (b"JIT:" + ptx, "cubin") and stand_in.links == 2
+
+
+@pytest.mark.parametrize("variable,value", [("PTXBACKEND_NVCC", "/nope/nvcc"), ("PTXBACKEND_COMPILER", "clang"),
+                                            ("PTXBACKEND_NVRTC", "/nope/libnvrtc.so")])
+def test_a_named_compiler_that_is_not_usable_is_an_error_even_with_the_kernel_cached(
+        nvcc13, monkeypatch, tmp_path, variable, value):
+    built = ptxbackend.compile(SAXPY, device_cc="7.5")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    hide_nvrtc(monkeypatch)
+    from ptxbackend import engine
+    engine._reset_for_tests()
+    assert ptxbackend.compile(SAXPY, device_cc="7.5").image == built.image  # nothing named: cache hits
+    monkeypatch.setenv(variable, value)
+    engine._reset_for_tests()
+    with pytest.raises(CompilerNotFoundError) as info:
+        ptxbackend.compile(SAXPY, device_cc="7.5")
+    assert value in str(info.value)
