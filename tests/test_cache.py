@@ -188,3 +188,27 @@ def test_identity_is_written_once(tmp_path):
     assert [i.producer_record() for i in store.identities()] == [identity.producer_record()]
     # A producer record is data for choosing targets: it names no program or library of this machine.
     assert "/x/nvcc" not in open(path).read()
+
+
+@pytest.mark.parametrize("how", ["world-writable parent", "group-writable grandparent", "parent of another user"])
+def test_cache_below_a_directory_others_control_is_refused(tmp_path, how):
+    parent = tmp_path / "shared" / "deeper"
+    parent.mkdir(parents=True)
+    if how == "world-writable parent":
+        os.chmod(str(parent), 0o777)
+    elif how == "group-writable grandparent":
+        os.chmod(str(tmp_path / "shared"), 0o775)
+    else:
+        if not hasattr(os, "getuid") or os.getuid() != 0:
+            pytest.skip("needs root to give the directory away")
+        os.chown(str(parent), 65534, 65534)
+        os.chmod(str(parent), 0o755)
+    with pytest.raises(CacheError, match="could replace the cache"):
+        DirectoryStore(str(parent / "cache"))
+
+
+def test_cache_below_a_sticky_shared_directory_is_accepted(tmp_path):
+    shared = tmp_path / "tmp-like"
+    shared.mkdir()
+    os.chmod(str(shared), 0o1777)  # as /tmp: others may write, but not rename what is ours
+    DirectoryStore(str(shared / "cache"))

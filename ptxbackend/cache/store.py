@@ -53,6 +53,39 @@ def _check_private_dir(path):
             "kernels from it. Run: chmod 700 %s" % (path, st.st_mode & 0o777, path))
 
 
+def _check_parents(path):
+    """Refuse a cache below a directory that another user could rename or replace it in.
+
+    Every directory from the cache's parent up to ``/`` must belong to you or root and, unless it is
+    sticky (``/tmp``), be writable by no one else: otherwise someone could swap the whole tree between
+    two of our steps, whatever the cache's own modes say.  OpenSSH's StrictModes checks the same.
+    """
+    if not hasattr(os, "getuid"):
+        return
+    me = os.getuid()
+    current = os.path.dirname(os.path.abspath(path))
+    while True:
+        try:
+            st = os.stat(current)
+        except OSError:
+            st = None
+        if st is not None:
+            if st.st_uid not in (me, 0):
+                raise CacheError(
+                    "the cache at %s is inside %s, which belongs to uid %d (not you, uid %d, nor root): "
+                    "its owner could replace the cache. Set PTXBACKEND_CACHE_DIR to a directory of your "
+                    "own." % (path, current, st.st_uid, me))
+            if st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH) and not st.st_mode & stat_module.S_ISVTX:
+                raise CacheError(
+                    "the cache at %s is inside %s, which group or others can write (mode %o) and is not "
+                    "sticky: they could replace the cache. Run: chmod go-w %s, or set "
+                    "PTXBACKEND_CACHE_DIR elsewhere." % (path, current, st.st_mode & 0o7777, current))
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
+
+
 class DirectoryStore(object):
     """Entries in a local directory: atomic writes, per-entry locks, LRU pruning."""
 
@@ -70,6 +103,8 @@ class DirectoryStore(object):
             raise CacheError("cannot create cache directory %s: %s. Set PTXBACKEND_CACHE_DIR "
                              "to a writable directory." % (self.base, exc))
         _check_private_dir(self.base)
+        _check_private_dir(self.root)
+        _check_parents(self.root)
         if not os.access(self.base, os.W_OK | os.X_OK):
             raise CacheError("cache directory %s is not writable. Set PTXBACKEND_CACHE_DIR to a "
                              "writable directory." % self.base)
