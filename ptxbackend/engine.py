@@ -266,6 +266,24 @@ def _current_device_cc():
     return _device_ccs[ordinal]
 
 
+def _other_compiler_hint(settings, compiler, comp, store, cc):
+    """When the compiler chosen for the user cannot build for this GPU, name one here that can."""
+    if compiler or settings.compiler:
+        return ""  # the user chose it: say what is wrong with it, not what else there is
+    for kind in COMPILERS:
+        if kind == comp.kind:
+            continue
+        try:
+            other = get_compiler(kind, settings.nvcc, settings.nvrtc, os.path.join(store.meta_dir, "compilers"))
+            chosen, _reason = choose_target(settings.target, other.identity, cc)
+        except (CompilerNotFoundError, TargetError):
+            continue
+        if chosen.output_kind in other.output_kinds:
+            return ("\n%s %s at %s can build %s for it: set PTXBACKEND_COMPILER=%s." % (
+                kind, other.identity.version, other.identity.path, chosen, kind))
+    return ""
+
+
 def device_compute_capability(settings):
     """The compute capability to build for: argument or PTXBACKEND_DEVICE_CC, else the current GPU's."""
     if settings.device_cc is not None:
@@ -335,7 +353,10 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
     jit_first = jit_first and settings.cubin_cache and settings.device_cc is None and cc is not None
     if comp is None:
         return _from_cache_only(store, settings, source, options, name, source_dir, cc, missing)
-    chosen, reason = _choose_target(settings.target, comp, cc)
+    try:
+        chosen, reason = _choose_target(settings.target, comp, cc)
+    except TargetError as exc:
+        raise TargetError("%s%s" % (exc, _other_compiler_hint(settings, compiler, comp, store, cc)))
     if chosen.output_kind not in comp.output_kinds:
         raise TargetError("%s cannot produce a %s (target %s); use nvcc (PTXBACKEND_COMPILER=nvcc) "
                           "or a target it supports: %s" % (comp.identity.producer, chosen.output_kind,

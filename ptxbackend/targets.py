@@ -23,6 +23,10 @@ _ARCH_RE = re.compile(r"^(sm|compute)_(\d{2,3})([af]?)$")
 _CC_RE = re.compile(r"^(\d{1,2})\.(\d)(\+ptx)?$")
 
 
+# Above every compute capability NVIDIA has made (12.x in 2026), with room for the next generations.
+MAX_CC = 199
+
+
 def format_cc(arch):
     """``86`` -> ``'8.6'``, ``120`` -> ``'12.0'``."""
     return "%d.%d" % (arch // 10, arch % 10)
@@ -32,13 +36,21 @@ def parse_cc(text):
     """Parse a compute capability given as ``9.0``, ``90`` or ``sm_90`` into ``90``."""
     raw = str(text).strip().lower()
     match = _CC_RE.match(raw)
+    value = None
     if match and not match.group(3):
-        return int(match.group(1)) * 10 + int(match.group(2))
-    match = _ARCH_RE.match(raw)
-    if match and not match.group(3):
-        return int(match.group(2))
-    if raw.isdigit() and 2 <= len(raw) <= 3:
-        return int(raw)
+        value = int(match.group(1)) * 10 + int(match.group(2))
+    else:
+        match = _ARCH_RE.match(raw)
+        if match and not match.group(3):
+            value = int(match.group(2))
+        elif raw.isdigit() and 2 <= len(raw) <= 3:
+            value = int(raw)
+    if value is not None and 10 <= value <= MAX_CC:
+        return value
+    if value is not None:
+        raise TargetError(
+            "%r is not the compute capability of any NVIDIA GPU (1.0 to %s); check the number "
+            "(PTXBACKEND_DEVICE_CC / --device-cc)" % (text, format_cc(MAX_CC)))
     raise TargetError(
         "%r is not a compute capability; write it as 9.0, 90 or sm_90 "
         "(PTXBACKEND_DEVICE_CC / --device-cc)" % (text,))
@@ -210,15 +222,22 @@ def choose_target(spec, identity, device_cc):
     if device_cc is not None and not parsed.runs_on(device_cc):
         raise TargetError(
             "target %s cannot run on the device (compute capability %s): SASS runs only "
-            "on its own major version, PTX only on devices at least as new. Use a target "
-            "such as compute_%d or leave the target at 'auto'."
-            % (parsed, format_cc(device_cc), min(device_cc, max(identity.virtual_archs or [device_cc]))))
+            "on its own major version, PTX only on devices at least as new. %s"
+            % (parsed, format_cc(device_cc), _suggestion(identity, device_cc)))
     unknown = [p for p in parsed.parts if not p[2]
                and p[1] not in (identity.virtual_archs if p[0] == "compute" else identity.real_archs)]
     if unknown and identity.archs_reliable:
         raise TargetError(
-            "%s cannot build %s: it knows %s. Choose a target in that range (e.g. "
-            "compute_%d, which the driver JIT-compiles for newer GPUs) or use another "
-            "toolkit." % (tool, ",".join("%s_%d%s" % p for p in unknown),
-                          _range_text(identity), max(identity.virtual_archs or [0])))
+            "%s cannot build %s: it knows %s. %s" % (tool, ",".join("%s_%d%s" % p for p in unknown),
+                                                     _range_text(identity), _suggestion(identity, device_cc)))
     return parsed, "explicit target %s" % parsed
+
+
+def _suggestion(identity, device_cc):
+    """What to use instead: only a target this compiler can build *and* the device can run."""
+    runnable = [a for a in identity.virtual_archs if device_cc is None or a <= device_cc]
+    if runnable:
+        return ("Use a target it can build that runs there, e.g. compute_%d (the driver JIT-compiles it), "
+                "or leave the target at 'auto'." % max(runnable))
+    return ("No target it can build runs on compute capability %s: use a toolkit that still supports "
+            "it (PTXBACKEND_NVCC, or NVRTC with PTXBACKEND_COMPILER=nvrtc)." % format_cc(device_cc))

@@ -272,3 +272,16 @@ def test_a_named_compiler_that_is_not_usable_is_an_error_even_with_the_kernel_ca
     with pytest.raises(CompilerNotFoundError) as info:
         ptxbackend.compile(SAXPY, device_cc="7.5")
     assert value in str(info.value)
+
+
+@pytest.mark.toolkit
+def test_a_gpu_the_default_compiler_cannot_build_for_names_one_here_that_can(nvcc13, nvrtc117, monkeypatch):
+    """nvcc 13 knows nothing for a Pascal card (6.1); NVRTC 11.7, found here too, does."""
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc117)
+    with pytest.raises(TargetError) as info:
+        ptxbackend.compile(SAXPY, device_cc="6.1")
+    assert "PTXBACKEND_COMPILER=nvrtc" in str(info.value) and "11.7" in str(info.value)
+    # A compiler the user chose is theirs: the message is about it alone.
+    with pytest.raises(TargetError) as info:
+        ptxbackend.compile(SAXPY, device_cc="6.1", compiler="nvcc")
+    assert "PTXBACKEND_COMPILER=nvrtc" not in str(info.value)

@@ -1,5 +1,7 @@
 """Target parsing and the auto/native policy, against real compiler identities."""
 
+import re
+
 import pytest
 
 from ptxbackend.compilers.base import CompilerIdentity, archs_from_table
@@ -110,3 +112,19 @@ def test_auto_without_device_says_how_to_name_one():
     with pytest.raises(TargetError) as info:
         choose_target("auto", identity, None)
     assert "PTXBACKEND_DEVICE_CC" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["99.9", "0.5", "999"])
+def test_a_compute_capability_no_gpu_has_is_refused(text):
+    with pytest.raises(TargetError, match="not the compute capability of any NVIDIA GPU"):
+        parse_cc(text)
+
+
+@pytest.mark.parametrize("spec,device", [("sm_61", 61), ("compute_61", 61), ("sm_90", 61)])
+def test_suggestions_only_name_targets_the_device_can_run(spec, device):
+    identity = CompilerIdentity("nvcc", "/x", "13.0.88", [75, 80, 90, 120], [75, 80, 90, 120], True)
+    with pytest.raises(TargetError) as info:
+        choose_target(spec, identity, device)
+    suggested = [int(m) for m in re.findall(r"compute_(\d+)", str(info.value).split("it knows")[-1])]
+    assert all(a <= device for a in suggested), str(info.value)
+    assert "PTXBACKEND_COMPILER=nvrtc" in str(info.value) or suggested
