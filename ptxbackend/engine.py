@@ -216,12 +216,17 @@ def _request(options, name, source_dir, kind, host, environment):
     # A relative path depends on the working directory, which can change: remember only the rest.
     found = _Request(parsed.options, context, parsed,
                      parsed.options == options and (not source_dir or os.path.isabs(source_dir)))
+    _remember_request(_requests, marker, found)
+    return found
+
+
+def _remember_request(memo, marker, found):
+    """Keep ``found`` under ``marker`` (a bounded memo), unless it depends on the working directory."""
     if marker is not None and found.cwd_free:
         with _lock:
-            if len(_requests) >= 1024:
-                _requests.clear()
-            _requests[marker] = found
-    return found
+            if len(memo) >= 1024:
+                memo.clear()
+            memo[marker] = found
 
 
 def _settled_request(options, name, source_dir, comp, settings):
@@ -235,11 +240,7 @@ def _settled_request(options, name, source_dir, comp, settings):
     if found is None:
         found = _request(options, name, source_dir, comp.kind, comp.identity.host,
                          _environment(settings, type(comp)))
-        if marker is not None and found.cwd_free:
-            with _lock:
-                if len(_settled) >= 1024:
-                    _settled.clear()
-                _settled[marker] = found
+        _remember_request(_settled, marker, found)
     return found
 
 

@@ -151,14 +151,20 @@ def test_missing_compiler_is_reported(monkeypatch, tmp_path):
     assert "no-such-nvcc" in str(info.value)
 
 
-def test_cache_alone_serves_a_machine_without_compiler(nvcc13, monkeypatch, tmp_path):
-    built = ptxbackend.compile(SAXPY, device_cc="7.5")
+def _now_a_machine_without_compilers(monkeypatch, tmp_path):
+    """From here on, no nvcc on PATH or in CUDA_PATH/CUDA_HOME and no NVRTC wheel; a fresh engine."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.delenv("CUDA_HOME", raising=False)
     hide_nvrtc(monkeypatch)
     from ptxbackend import engine
     engine._reset_for_tests()
+    return engine
+
+
+def test_cache_alone_serves_a_machine_without_compiler(nvcc13, monkeypatch, tmp_path):
+    built = ptxbackend.compile(SAXPY, device_cc="7.5")
+    engine = _now_a_machine_without_compilers(monkeypatch, tmp_path)
     hit = ptxbackend.compile(SAXPY, device_cc="7.5")
     assert hit.cache_hit and hit.image == built.image and "no compiler" in hit.reason
     with pytest.raises(CompilerNotFoundError) as info:
@@ -260,12 +266,7 @@ def test_warm_hit_at_the_cubin_level_reads_the_ptx_only_when_asked(nvcc13, monke
 def test_a_named_compiler_that_is_not_usable_is_an_error_even_with_the_kernel_cached(
         nvcc13, monkeypatch, tmp_path, variable, value):
     built = ptxbackend.compile(SAXPY, device_cc="7.5")
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    hide_nvrtc(monkeypatch)
-    from ptxbackend import engine
-    engine._reset_for_tests()
+    engine = _now_a_machine_without_compilers(monkeypatch, tmp_path)
     assert ptxbackend.compile(SAXPY, device_cc="7.5").image == built.image  # nothing named: cache hits
     monkeypatch.setenv(variable, value)
     engine._reset_for_tests()
