@@ -164,7 +164,7 @@ def _now_a_machine_without_compilers(monkeypatch, tmp_path):
 
 def test_cache_alone_serves_a_machine_without_compiler(nvcc13, monkeypatch, tmp_path):
     built = ptxbackend.compile(SAXPY, device_cc="7.5")
-    engine = _now_a_machine_without_compilers(monkeypatch, tmp_path)
+    _now_a_machine_without_compilers(monkeypatch, tmp_path)
     hit = ptxbackend.compile(SAXPY, device_cc="7.5")
     assert hit.cache_hit and hit.image == built.image and "no compiler" in hit.reason
     with pytest.raises(CompilerNotFoundError) as info:
