@@ -398,3 +398,22 @@ def test_nvrtc_replaced_while_loaded_is_an_error_not_a_compile_by_the_old_librar
     _install_nvrtc(new, lib)
     with pytest.raises(ptxbackend.errors.CompilerNotFoundError, match="replaced after this process loaded it"):
         ptxbackend.compile(KERNEL.replace("VAL", "2.0f"), target="compute_75", compiler="nvrtc")
+
+
+@pytest.mark.toolkit
+def test_nvrtc_quoted_include_from_the_working_directory_follows_the_directory(nvrtc117, tmp_path, monkeypatch):
+    """NVRTC reads `#include "val.h"` of the program from the working directory: the same request run
+    from another directory with another val.h is a miss with that directory's bytes."""
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc117)
+    monkeypatch.setattr(deps, "RACY_SECONDS", 0.0)
+    source = '#include "val.h"\n' + KERNEL
+    images = {}
+    for name, value in (("a", "1.0f"), ("b", "2.0f")):
+        _write(tmp_path / name / "val.h", "#define VAL %s\n" % value)
+        monkeypatch.chdir(str(tmp_path / name))
+        art = ptxbackend.compile(source, target="compute_75", compiler="nvrtc")
+        assert not art.cache_hit, "a header of another directory was taken for this one's"
+        assert _comparable(art.image) == _direct("nvrtc", nvrtc117, source, [], "kernel.cu", str(tmp_path / name))
+        images[name] = art.image
+        assert ptxbackend.compile(source, target="compute_75", compiler="nvrtc").cache_hit
+    assert images["a"] != images["b"]

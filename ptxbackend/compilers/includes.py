@@ -26,8 +26,10 @@ def scan_includes(source, include_dirs, pre_includes=(), source_dir=None):
     """Every existing file that ``source`` may include, directly or through other headers.
 
     Quoted includes are looked up beside the including file first (the main
-    source: ``source_dir``), then in ``include_dirs`` in order; angle includes
-    in ``include_dirs`` only, as NVRTC does.  Conditional sections are not
+    source: ``source_dir``; ``os.curdir`` for NVRTC, which looks in the
+    working directory, and then the path found stays relative, so that a hit
+    checks the file of the directory it runs in), then in ``include_dirs`` in
+    order; angle includes in ``include_dirs`` only, as NVRTC does.  Conditional sections are not
     evaluated, so this may list a header the compiler skips: an extra check,
     never a missed one.  Names found nowhere (NVRTC's built-in headers) are
     not files and are left out.  Raises :class:`NotARegularFile` for an
@@ -65,6 +67,6 @@ def scan_includes(source, include_dirs, pre_includes=(), source_dir=None):
                 if path not in seen:
                     seen.add(path)
                     found.append(path)
-                    pending.append((read_regular(path)[0], os.path.dirname(path)))
+                    pending.append((read_regular(path)[0], os.path.dirname(path) or os.curdir))
                 break
     return found

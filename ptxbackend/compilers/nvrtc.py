@@ -345,7 +345,8 @@ class NvrtcCompiler(Compiler):
         if inputs is not None:
             # NVRTC cannot list what it read: resolve the #include lines as it does.
             paths = read_path_options(command[1:])
-            inputs.extend(scan_includes(source_bytes, paths.include_dirs, paths.pre_includes))
+            # NVRTC finds a quoted include of the program in the working directory first.
+            inputs.extend(scan_includes(source_bytes, paths.include_dirs, paths.pre_includes, os.curdir))
         library = self._lib()
         program = ctypes.c_void_p()
         result = library.nvrtcCreateProgram(ctypes.byref(program), source_bytes, name_bytes,
