@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -375,7 +376,8 @@ def test_a_header_changed_in_the_same_timestamp_tick_is_compared_by_content(tmp_
     header = tmp_path / "val.cuh"
     for _attempt in range(20):
         header.write_bytes(b"#define VAL 1.0f\n")
-        records = deps.record([str(header)])
+        # Written shortly before the compile started (a second later, so not *during* it).
+        records = deps.record([str(header)], started=time.time() + 1.0)
         header.write_bytes(b"#define VAL 2.0f\n")  # same size, the same second
         if int(real_stat(str(header)).st_ctime) == records[0][3] // 10 ** 9:
             break
@@ -417,3 +419,24 @@ def test_nvrtc_quoted_include_from_the_working_directory_follows_the_directory(n
         images[name] = art.image
         assert ptxbackend.compile(source, target="compute_75", compiler="nvrtc").cache_hit
     assert images["a"] != images["b"]
+
+
+@pytest.mark.toolkit
+def test_a_header_changed_while_the_compiler_runs_is_not_vouched_for(nvcc13, tmp_path, monkeypatch):
+    """The compiler read version 1; the header became version 2 before ptxbackend recorded it.  That
+    record must not let version 1's output pass for version 2's (ccache: "include file too new")."""
+    header = tmp_path / "inc" / "val.cuh"
+    _write(header, "#define VAL 1.0f\n")
+    wrapper = tmp_path / "bin" / "nvcc"
+    # nvcc runs (and reads version 1), then the header is edited, then the wrapper returns.
+    _write(wrapper, '#!/bin/sh\n"%s" "$@"\nstatus=$?\ncase "$*" in *-MD*) echo "#define VAL 2.0f" > "%s" ;; '
+                    'esac\nexit $status\n' % (nvcc13, header))
+    os.chmod(str(wrapper), 0o755)
+    monkeypatch.setenv("PTXBACKEND_NVCC", str(wrapper))
+    monkeypatch.setattr(deps, "RACY_SECONDS", 0.0)
+    source = "#include <val.cuh>\n" + KERNEL
+    first = ptxbackend.compile(source, ["-I", str(tmp_path / "inc")], target="compute_75")
+    assert b"1065353216" in first.image  # 1.0f: what nvcc read
+    monkeypatch.setenv("PTXBACKEND_NVCC", nvcc13)
+    second = ptxbackend.compile(source, ["-I", str(tmp_path / "inc")], target="compute_75")
+    assert not second.cache_hit and b"1073741824" in second.image  # 2.0f: the header as it is now

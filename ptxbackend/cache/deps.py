@@ -63,18 +63,31 @@ def _hash_file(path):
     return hashlib.sha256(data).hexdigest(), st
 
 
+CHANGED_DURING_COMPILE = "changed-during-compile"
+
+
 def record(paths, started=None):
     """The records of ``paths`` as read now; ``started`` is when the compile began (epoch seconds).
 
-    A file changed after the compile started may differ from what the
-    compiler read: it is recorded untrusted, so every hit compares its content.
+    A file changed after the compile started may differ from what the compiler
+    read, so its hash here would vouch for an output made from other bytes: it
+    is recorded with a digest nothing matches, and the next request compiles
+    again (ccache's "include file too new").  A file changed shortly before is
+    recorded untrusted: every hit compares its content.
     """
     now = time.time()
     started = now if started is None else started
+    started_ns = int(started * 1e9)
     records = []
     for path in paths:
         digest, st = _hash_file(path)
-        trusted = _trustworthy(st, started)
+        changed = max(st.st_mtime_ns, st.st_ctime_ns)
+        # A file system with whole-second times stamps a change made during the compile with a
+        # time before its start: compare in whole seconds there.
+        limit = (started_ns // 1000000000) * 1000000000 if changed % 1000000000 == 0 else started_ns
+        if changed >= limit:
+            digest = CHANGED_DURING_COMPILE
+        trusted = digest != CHANGED_DURING_COMPILE and _trustworthy(st, started)
         records.append([path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, digest, trusted])
         if trusted:
             _remember(path, _signature(st), digest)
