@@ -106,12 +106,6 @@ def encode(user_records, system_records):
     return digest.encode("ascii") + b"\n" + user, system, digest
 
 
-def system_digest(section):
-    """The digest of the system list a section names, or ``None``."""
-    digest = section[:section.index(b"\n")] if section else b""
-    return digest.decode("ascii") if digest else None
-
-
 def _remember(path, signature, digest):
     with _lock:
         if len(_known_hashes) >= _KNOWN_LIMIT:
