@@ -1,25 +1,22 @@
-"""ptxbackend's start-up hook, run through ``ptxbackend.pth`` in every Python process.
+"""The start-up hook's second stage: the import hook that hands CuPy to ptxbackend.
 
-It runs in every interpreter of the environment, pip's included, so it does
-almost nothing: it sizes the driver's JIT cache (an environment variable libcuda
-reads when it initialises) and registers an import hook that hands
-``cupy.cuda`` and ``cupy.cuda.compiler`` to ptxbackend once they have finished
-importing.  It never imports CuPy, and it never lets an error escape: the
-interpreter must start whatever happens here.  At most one line goes to stderr
-per process.
+:class:`CupyWatcher` hands ``cupy.cuda`` and ``cupy.cuda.compiler`` to
+ptxbackend once they have finished importing.  It never imports CuPy, and it
+never lets an error escape: at most one line goes to stderr per process.
 
-Importing this module at every start would cost about a millisecond, so the
-``.pth`` line imports the much smaller :mod:`_ptxbackend_pth`, which sets the
-cache size and registers a placeholder finder that imports this module only
-when CuPy is imported.  :func:`pth_line` renders that line; ``ptxbackend.pth``
-must equal it (a test checks).
+Importing this module at every interpreter start would cost about a
+millisecond, so ``ptxbackend.pth`` runs the much smaller :mod:`_ptxbackend_pth`
+(which sizes the driver's JIT cache and registers a placeholder finder), and
+this module is imported only when CuPy is.  :func:`pth_line` renders the
+``.pth`` line; ``ptxbackend.pth`` must equal it (a test checks).
 
 This is a top-level module, not part of the ``ptxbackend`` package, so that
 the hook never imports the package before CuPy is imported.
 """
 
-import os
 import sys
+
+import _ptxbackend_pth
 
 WATCHED = ("cupy.cuda.compiler", "cupy.cuda")
 
@@ -29,7 +26,8 @@ WATCHED = ("cupy.cuda.compiler", "cupy.cuda")
 _PTH_CODE = ("try:\n    import _ptxbackend_pth\nexcept ImportError:\n    pass\nexcept Exception as exc:\n"
              "    sys.modules['_ptxbackend_pth'] = None\n"
              "    sys.stderr.write('ptxbackend: start-up hook: cannot load _ptxbackend_pth (%s: %s); "
-             "reinstall ptxbackend\\n' % (type(exc).__name__, exc))\n")
+             "reinstall ptxbackend\\n' % (type(exc).__name__, exc))\n"
+             "else:\n    _ptxbackend_pth.install()\n")
 
 
 def pth_line():
@@ -37,51 +35,8 @@ def pth_line():
     return "import sys; exec(%r, {'sys': sys})\n" % _PTH_CODE
 
 
-JIT_CACHE_DEFAULT = 4 << 30  # the driver's maximum: cuDNN's JIT output alone is hundreds of MB
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-_reported = []
-
-
-def _report(problem):
-    """One line on stderr, once per process: the hook must never be noisy."""
-    if not _reported:
-        _reported.append(problem)
-        try:
-            sys.stderr.write("ptxbackend: start-up hook: %s (PTXBACKEND_DISABLE=1 turns it off)\n" % problem)
-        except Exception:
-            pass
-
-
-def disabled():
-    return os.environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _parse_size(text):
-    text = text.strip().upper()
-    for suffix in ("IB", "B"):
-        if text.endswith(suffix):
-            text = text[:-len(suffix)]
-    unit = text[-1:] if text[-1:] in _UNITS else ""
-    number = text[:-1] if unit else text
-    if not number.isdigit():
-        raise ValueError(text)
-    return int(number) * _UNITS[unit]
-
-
-def size_jit_cache():
-    """Set CUDA_CACHE_MAXSIZE unless the user did: a cache too small for a library's JIT
-    output makes every process JIT-compile it again (the user story's 30-60 s cuDNN start)."""
-    if os.environ.get("CUDA_CACHE_MAXSIZE"):
-        return
-    raw = os.environ.get("PTXBACKEND_JIT_CACHE_MAXSIZE", "")
-    size = JIT_CACHE_DEFAULT
-    if raw.strip():
-        try:
-            size = min(_parse_size(raw), JIT_CACHE_DEFAULT)
-        except ValueError:
-            _report("PTXBACKEND_JIT_CACHE_MAXSIZE=%r is not a size (e.g. 4G); using 4G" % raw)
-    if size > 0:
-        os.environ["CUDA_CACHE_MAXSIZE"] = str(size)
+report = _ptxbackend_pth.report
+disabled = _ptxbackend_pth.disabled
 
 
 def _hand_over(module):
@@ -89,7 +44,7 @@ def _hand_over(module):
         from ptxbackend import cupy_integration
         cupy_integration.on_import(module)
     except Exception as exc:
-        _report("could not take over %s: %s: %s" % (module.__name__, type(exc).__name__, exc))
+        report("could not take over %s: %s: %s" % (module.__name__, type(exc).__name__, exc))
 
 
 class _HandOverLoader(object):
@@ -129,7 +84,7 @@ class CupyWatcher(object):
                         spec.loader = _HandOverLoader(spec.loader)
                     return spec
         except Exception as exc:
-            _report("import hook for %s failed: %s" % (fullname, exc))
+            report("import hook for %s failed: %s" % (fullname, exc))
         return None
 
 
@@ -139,11 +94,12 @@ def active():
 
 
 def start():
-    """Entry point of ptxbackend.pth and ptxbackend.start.  Idempotent; never raises."""
+    """Register the import hook now (``ptxbackend.install()``; the placeholder that
+    :mod:`_ptxbackend_pth` registers calls this when CuPy is imported).  Idempotent; never raises."""
     try:
         if disabled() or active():
             return
-        size_jit_cache()
+        _ptxbackend_pth.size_jit_cache()
         sys.meta_path.insert(0, CupyWatcher())
     except Exception as exc:
-        _report("%s: %s" % (type(exc).__name__, exc))
+        report("%s: %s" % (type(exc).__name__, exc))

@@ -1,16 +1,80 @@
-"""What ``ptxbackend.pth`` runs at every interpreter start, kept as small as it can be.
+"""The start-up hook's first stage, and the one home of what the hook and the package share.
 
-It runs in every Python process of the environment, pip's included, so it only
-sizes the driver's JIT cache (``CUDA_CACHE_MAXSIZE``, read by libcuda when it
+``ptxbackend.pth`` imports this module and calls :func:`install` in every
+Python process of the environment, pip's included, so it only sizes the
+driver's JIT cache (``CUDA_CACHE_MAXSIZE``, read by libcuda when it
 initialises) and registers a placeholder finder; :mod:`_ptxbackend_boot` is
 imported only when CuPy is.  Imported from its ``.pyc`` (pip compiles it on
-install), this costs a fraction of a millisecond, where compiling the same code
-from a string at each start cost about a millisecond.  It never lets an error
-escape: the interpreter must start whatever happens here.
+install), this costs a fraction of a millisecond.  Importing it does nothing
+else, so the package can take :func:`disabled`, :func:`parse_size` and
+:data:`JIT_CACHE_DEFAULT` from here; nothing here lets an error escape
+:func:`install`: the interpreter must start whatever happens.
 """
 
 import os
 import sys
+
+# The driver's maximum: cuDNN's JIT output alone is hundreds of MB, and a cache too small for a
+# library's JIT output makes every process JIT-compile it again (the user story's 30-60 s start).
+JIT_CACHE_DEFAULT = 4 << 30
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_DIGITS = frozenset("0123456789")
+_reported = []
+
+
+def disabled():
+    """Whether ``PTXBACKEND_DISABLE`` turns ptxbackend off: read here only, so hook and package agree."""
+    return os.environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parse_size(text):
+    """``'4G'``, ``'512MiB'``, ``'1.5g'``, ``'1048576'`` -> bytes; ``ValueError`` for anything else.
+
+    Units are binary (K = 1024) and case-insensitive, with an optional ``B`` or ``iB``.
+    """
+    value = str(text).strip().upper()
+    if value.endswith("IB"):
+        value = value[:-2]
+    elif value.endswith("B"):
+        value = value[:-1]
+    unit = value[-1:] if value[-1:] in ("K", "M", "G", "T") else ""
+    number = value[:len(value) - len(unit)].strip()
+    whole, dot, fraction = number.partition(".")
+    if not whole or not _DIGITS.issuperset(whole) or (dot and not (fraction and _DIGITS.issuperset(fraction))):
+        raise ValueError("not a size: %r (write e.g. 4G, 512M or a number of bytes)" % (text,))
+    if not dot:
+        return int(whole) * _SIZE_UNITS[unit]
+    try:
+        return int(float(number) * _SIZE_UNITS[unit])
+    except OverflowError:  # hundreds of digits: float() gives inf, int(inf) overflows
+        raise ValueError("not a size: %r is too large (write e.g. 4G)" % (text,))
+
+
+def report(problem):
+    """One line on stderr, once per process: the hook must never be noisy."""
+    if not _reported:
+        _reported.append(problem)
+        try:
+            sys.stderr.write("ptxbackend: start-up hook: %s (PTXBACKEND_DISABLE=1 turns it off)\n" % problem)
+        except Exception:
+            pass
+
+
+def size_jit_cache():
+    """Set ``CUDA_CACHE_MAXSIZE`` unless the user did: to ``PTXBACKEND_JIT_CACHE_MAXSIZE`` (at most
+    the driver's 4 GiB; 0 leaves the driver's own default) or to :data:`JIT_CACHE_DEFAULT`."""
+    environ = os.environ
+    if environ.get("CUDA_CACHE_MAXSIZE"):
+        return
+    raw = environ.get("PTXBACKEND_JIT_CACHE_MAXSIZE", "")
+    size = JIT_CACHE_DEFAULT
+    if raw.strip():
+        try:
+            size = min(parse_size(raw), JIT_CACHE_DEFAULT)
+        except ValueError:
+            report("PTXBACKEND_JIT_CACHE_MAXSIZE=%r is not a size (e.g. 4G); using 4G" % raw)
+    if size > 0:
+        environ["CUDA_CACHE_MAXSIZE"] = str(size)
 
 
 def _boot():
@@ -22,8 +86,8 @@ def _boot():
         return None
     except Exception as exc:
         sys.modules["_ptxbackend_boot"] = None
-        sys.stderr.write("ptxbackend: start-up hook: cannot load _ptxbackend_boot (%s: %s); reinstall "
-                         "ptxbackend\n" % (type(exc).__name__, str(exc).replace("\n", " ")))
+        report("cannot load _ptxbackend_boot (%s: %s); reinstall ptxbackend"
+               % (type(exc).__name__, str(exc).replace("\n", " ")))
 
 
 class PtxbackendPlaceholder(object):
@@ -46,26 +110,11 @@ class PtxbackendPlaceholder(object):
 
 
 def install():
-    """Entry point of ptxbackend.pth (by import) and ptxbackend.start.  Idempotent; never raises."""
+    """What ptxbackend.pth and ptxbackend.start run at interpreter start.  Idempotent; never raises."""
     try:
-        environ = os.environ
-        if environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on") \
-                or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
+        if disabled() or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
             return
-        if environ.get("PTXBACKEND_JIT_CACHE_MAXSIZE"):
-            boot = _boot()  # a size to parse, and to report once if it is wrong
-            if boot is not None:
-                boot.start()
-            return
-        if not environ.get("CUDA_CACHE_MAXSIZE"):
-            environ["CUDA_CACHE_MAXSIZE"] = "4294967296"  # the driver's maximum, as _ptxbackend_boot
+        size_jit_cache()
         sys.meta_path.insert(0, PtxbackendPlaceholder())
     except Exception as exc:
-        try:
-            sys.stderr.write("ptxbackend: start-up hook: %s: %s (PTXBACKEND_DISABLE=1 turns it off)\n"
-                             % (type(exc).__name__, exc))
-        except Exception:
-            pass
-
-
-install()
+        report("%s: %s" % (type(exc).__name__, exc))

@@ -168,7 +168,7 @@ def _isolate_environment(ws):
     for key in list(os.environ):
         if key.startswith("PTXBACKEND_") and not key.startswith(("PTXBACKEND_TEST_", "PTXBACKEND_BENCH_")):
             del os.environ[key]
-    os.environ["PTXBACKEND_CONFIG"] = os.path.join(ws.root, "no-config.ini")
+    os.environ["XDG_CONFIG_HOME"] = os.path.join(ws.root, "config-home")  # no config file there
     os.environ["PTXBACKEND_CACHE_DIR"] = ws.fresh("default-cache")
 
 

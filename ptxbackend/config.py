@@ -6,26 +6,13 @@ knob names below (``target = compute_75``).  It is read from
 docs/configuration.md documents every knob in :data:`KNOBS`.
 """
 
+import errno
 import logging
 import os
-import re
+
+from _ptxbackend_pth import parse_size  # noqa: F401  (one size parser for the hook and the package)
 
 from .errors import ConfigError
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text):
-    """``'1G'``, ``'512MiB'``, ``'1048576'`` -> bytes."""
-    match = _SIZE_RE.match(str(text))
-    if not match:
-        raise ValueError("not a size: %r (write e.g. 4G, 512M or a number of bytes)" % (text,))
-    try:
-        return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-    except OverflowError:  # hundreds of digits: float() gives inf, int(inf) overflows
-        raise ValueError("not a size: %r is too large (write e.g. 4G)" % (text,))
-
 
 def parse_bool(text):
     value = str(text).strip().lower()
@@ -111,6 +98,10 @@ def config_file_path():
 def _file_values(path):
     stamp = _file_stamp(path)
     if stamp is None:
+        if os.environ.get("PTXBACKEND_CONFIG"):
+            # Named on purpose: carrying on without it would silently use other settings.
+            raise ConfigError("PTXBACKEND_CONFIG names %s, which %s. Create it, or unset PTXBACKEND_CONFIG "
+                              "to use the default place." % (path, _why_unreadable(path)))
         return {}
     cached = _file_cache.get(path)
     if cached and cached[0] == stamp:
@@ -132,6 +123,16 @@ def _file_values(path):
             path, ", ".join(unknown), ", ".join(sorted(KNOBS)))
     _file_cache[path] = (stamp, values)
     return values
+
+
+def _why_unreadable(path):
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return "does not exist"
+        return "cannot be read (%s)" % (exc.strerror or exc)
+    return "cannot be read"
 
 
 def _read_config_file(path):

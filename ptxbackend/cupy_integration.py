@@ -25,6 +25,9 @@ import logging
 import os
 import sys
 
+# The start-up hook's own reading of PTXBACKEND_DISABLE, so the two never disagree.
+from _ptxbackend_pth import disabled as _disabled
+
 from . import engine
 from .config import load_settings
 from .errors import ConfigError, PtxBackendError, TargetError
@@ -44,9 +47,6 @@ _UNDERSTOOD = frozenset(("source", "options", "arch", "cache_dir", "extra_source
 _warned = set()
 
 
-def _disabled():
-    # Same reading as the start-up hook's, so the two never disagree.
-    return os.environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _is_ours(obj):

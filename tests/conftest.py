@@ -43,7 +43,7 @@ def clean_environment(monkeypatch, tmp_path):
         if name.startswith("PTXBACKEND_") and not name.startswith("PTXBACKEND_TEST_") \
                 and name != "PTXBACKEND_REQUIRE_TOOLKITS":
             monkeypatch.delenv(name)
-    monkeypatch.setenv("PTXBACKEND_CONFIG", str(tmp_path / "no-config.ini"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config-home"))  # no user config file
     monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(tmp_path / "cache"))
     from ptxbackend import engine
     engine._reset_for_tests()

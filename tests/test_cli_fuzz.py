@@ -43,6 +43,8 @@ CASES = [
     (["cache", "frobnicate"], {}),
     (["cache", "info"], {"PTXBACKEND_CACHE_DIR": "{t}/cache-file"}),
     (["cache", "info"], {"PTXBACKEND_CONFIG": "{t}/config.ini"}),
+    (["cache", "info"], {"PTXBACKEND_CONFIG": "{t}/no-such-config.ini"}),
+    (["doctor"], {"PTXBACKEND_CONFIG": "{t}/a-dir"}),
     (["cache", "info"], {"PTXBACKEND_LOG": "loud"}),
     (["cache", "info"], {"PTXBACKEND_CACHE_MAX_SIZE": "-1"}),
     (["cache", "info"], {"PTXBACKEND_LOCK_TIMEOUT": "forever"}),
@@ -68,6 +70,9 @@ def test_bad_input_gives_a_short_error_and_no_traceback(tmp_path, argv, env):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
     assert proc.returncode in (1, 2), (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    if argv == ["doctor"]:  # a report, not an error: its problems are listed on stdout
+        assert "PROBLEM: " in proc.stdout and "PTXBACKEND_CONFIG" in proc.stdout, proc.stdout
+        return
     assert proc.stderr.strip(), "no message at all"
     # argparse's usage line plus its error, or our single line (a compile error carries its log).
     limit = 60 if "broken.cu" in " ".join(argv) and "--target" in argv and "compute_75" in argv else 6

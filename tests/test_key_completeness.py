@@ -322,8 +322,7 @@ def _install_nvrtc(lib_dir, into):
 def test_nvrtc_updated_at_patch_level_is_another_producer(nvrtc12_pair, tmp_path):
     old, new = nvrtc12_pair
     lib = str(tmp_path / "site" / "nvrtc")
-    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_NVRTC=lib, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"),
-               PTXBACKEND_CONFIG=str(tmp_path / "none.ini"))
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_NVRTC=lib, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"))
     code = ("import ptxbackend, hashlib; a = ptxbackend.compile(%r, target='compute_75', compiler='nvrtc'); "
             "print(a.producer, a.cache_hit, hashlib.sha256(a.image).hexdigest())" % KERNEL.replace("VAL", "1.0f"))
 

@@ -15,7 +15,7 @@ from conftest import cache_files, figures
 
 import ptxbackend
 from ptxbackend import config, engine
-from ptxbackend.errors import CompileError, CompilerNotFoundError, PtxBackendError, TargetError
+from ptxbackend.errors import CompileError, CompilerNotFoundError, ConfigError, PtxBackendError, TargetError
 
 pytestmark = pytest.mark.reliability
 
@@ -162,3 +162,33 @@ def test_lock_timeout_must_be_a_finite_number_of_seconds(monkeypatch, value):
     with pytest.raises(PtxBackendError) as info:
         config.load_settings()
     assert "PTXBACKEND_LOCK_TIMEOUT" in str(info.value) and "seconds" in str(info.value)
+
+
+def test_a_missing_config_file_named_on_purpose_is_an_error(tmp_path, monkeypatch):
+    """PTXBACKEND_CONFIG pointing nowhere (a typo) must not silently mean "no settings"."""
+    monkeypatch.setenv("PTXBACKEND_CONFIG", str(tmp_path / "typo.ini"))
+    with pytest.raises(ConfigError) as info:
+        config.load_settings()
+    assert "typo.ini" in str(info.value) and "does not exist" in str(info.value)
+    (tmp_path / "typo.ini").write_text("[ptxbackend]\ntarget = compute_75\n")
+    os.chmod(str(tmp_path / "typo.ini"), 0o600)
+    assert config.load_settings().target == "compute_75"
+
+
+def test_the_default_config_file_may_be_absent(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "nothing-here"))
+    assert config.load_settings().target == "auto"
+
+
+@pytest.mark.parametrize("text,size", [("4G", 4 << 30), ("512MiB", 512 << 20), ("1.5g", 3 << 29), ("10kb", 10240),
+                                       (" 7 ", 7), ("2 T", 2 << 40), ("0", 0)])
+def test_one_size_parser_for_the_hook_and_the_package(text, size):
+    import _ptxbackend_pth
+    assert config.parse_size is _ptxbackend_pth.parse_size
+    assert config.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "G", "-1", "1.", ".5G", "1e9", "4X", "1GG", "\u0663", "9" * 400 + ".5"])
+def test_sizes_that_are_not_sizes_are_refused(text):
+    with pytest.raises(ValueError):
+        config.parse_size(text)
