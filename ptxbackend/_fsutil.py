@@ -189,3 +189,60 @@ def exclusive_lock(path, timeout):
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+# -- maintenance beneath one directory descriptor ----------------------------------------------------
+# Pruning and repair delete files.  Walking by path would let anyone who swaps a directory of the tree
+# for a symlink between two steps point a deletion elsewhere; every step here is taken relative to a
+# descriptor of the cache's own directory, and no symlink is followed at any level.
+
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def open_directory(path, dir_fd=None):
+    """A descriptor of the directory ``path`` (relative to ``dir_fd``); ELOOP if it is a symlink."""
+    return os.open(path, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
+
+
+def walk_files(root_fd, top):
+    """Yield ``(directory_fd, relative_dir, name, stat)`` for every file below ``top`` (relative to
+    ``root_fd``), without following symlinks.  ``directory_fd`` is valid only until the next item."""
+    for relative_dir, _dirs, names, dir_fd in os.fwalk(top, dir_fd=root_fd, follow_symlinks=False):
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            yield dir_fd, relative_dir, name, st
+
+
+def read_at(dir_fd, name):
+    """:func:`read_file` of ``name`` in the directory ``dir_fd``, with the same checks."""
+    fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK, dir_fd=dir_fd)
+    try:
+        st = _check_readable(fd, name)
+        chunks = []
+        while True:
+            chunk = os.read(fd, max(st.st_size + 1, 1 << 16))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def unlink_beneath(root_fd, relative_path):
+    """Unlink the file at ``relative_path`` below ``root_fd``, opening each directory on the way with
+    O_NOFOLLOW: a directory replaced by a symlink stops it (``OSError``) instead of being followed."""
+    parts = relative_path.split(os.sep)
+    fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            if part in ("", ".", ".."):
+                raise OSError(errno.EINVAL, "not a plain relative path", relative_path)
+            next_fd = open_directory(part, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        os.unlink(parts[-1], dir_fd=fd)
+    finally:
+        os.close(fd)

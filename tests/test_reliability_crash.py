@@ -1,9 +1,11 @@
-"""Crash mid-write: writers killed with SIGKILL at random moments never leave a loadable bad entry.
+"""Crash mid-write: writers killed with SIGKILL at chosen moments never leave a loadable bad entry.
 
-Two levels.  The store: a forked child rewrites real entries (real nvcc output, compiled once) in a
-loop and is killed hundreds of times; after every kill each entry must be whole or absent.  The
-engine: a process compiling real kernels with the real nvcc is killed with its whole process group
-(nvcc included, as a power cut would); afterwards every kernel is a correct hit or is rebuilt.
+Two levels.  The store: a forked child writes a real entry (real nvcc output, compiled once) and kills
+itself at a moment chosen by a seeded generator: before the write, part-way through it (at a chosen
+byte), before the rename, or after it.  The kills land where they are told to, so the test knows
+exactly how many interrupted a write, and checks each outcome.  The engine: a process compiling real
+kernels with the real nvcc kills its whole process group (nvcc included, as a power cut would) while
+nvcc runs or while its entry is written; afterwards every kernel is a correct hit or is rebuilt.
 Figures go to lines starting with ``reliability:`` (run with ``-s``).
 """
 
@@ -55,51 +57,84 @@ def real_entries():
     return art.store, found
 
 
-def _writer_loop(store, entries):
-    """The child: rewrite every entry, in a fresh random order each pass, until killed."""
-    rng = random.Random(os.getpid())
-    order = list(range(len(entries)))
+STAGES = ("before the write", "part-way through the write", "before the rename", "after the rename")
+
+
+def _die(*_args):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _write_and_die(store, path, payload, meta, stage, cut):
+    """The child: write one entry and SIGKILL itself at ``stage`` (``cut`` bytes in, for a torn write)."""
     try:
-        while True:
-            rng.shuffle(order)
-            for index in order:
-                path, _key, _kind, payload, meta = entries[index]
-                store.write(path, payload, meta)
+        real_fdopen, real_replace = os.fdopen, os.replace
+
+        class TornFile(object):
+            def __init__(self, handle):
+                self._handle = handle
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def write(self, data):
+                self._handle.write(data[:cut])
+                self._handle.flush()  # the first bytes reach the file, the rest never do
+                _die()
+
+        def replace(src, dst):
+            if stage == STAGES[2]:
+                _die()
+            real_replace(src, dst)
+            _die()
+
+        if stage == STAGES[0]:
+            _die()
+        if stage == STAGES[1]:
+            os.fdopen = lambda fd, *a, **k: TornFile(real_fdopen(fd, *a, **k))
+        os.replace = replace
+        store.write(path, payload, meta)
     finally:
-        os._exit(1)
+        os._exit(1)  # not reached: the kill comes first
 
 
 def test_store_writer_killed_hundreds_of_times_leaves_no_bad_entry(nvcc13):
     store, entries = real_entries()
     seed = int(os.environ.get("PTXBACKEND_TEST_SEED", "20261201"))  # the same kills in every run
     rng = random.Random(seed)
-    mid_write = corrupt_loads = torn = present = absent = 0
-    known_tmp = set()
-    started = time.time()
+    landed = dict.fromkeys(STAGES, 0)
+    corrupt_loads = torn = present = absent = temp_left = 0
+    known_tmp = temporaries(store.root)
     for _ in range(STORE_KILLS):
-        for path, _key, _kind, _payload, _meta in rng.sample(entries, 3):
-            if os.path.exists(path):  # so the writer creates files too, not only replaces them
-                os.unlink(path)
+        path, key, kind, payload, meta = rng.choice(entries)
+        stage = rng.choice(STAGES)
+        old = os.path.exists(path)
+        if rng.random() < 0.5 and old:  # so the writer creates files too, not only replaces them
+            os.unlink(path)
+            old = False
         pid = os.fork()
         if pid == 0:
-            _writer_loop(store, entries)
-        time.sleep(rng.uniform(0, 0.012))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+            _write_and_die(store, path, payload, meta, stage, rng.randrange(1, 4096))
+        _pid, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, "the child was not killed"
+        landed[stage] += 1
         now_tmp = temporaries(store.root)
-        mid_write += len(now_tmp - known_tmp)  # a kill between mkstemp and rename leaves one
+        new_tmp = now_tmp - known_tmp
         known_tmp = now_tmp
-        for path, key, kind, payload, _meta in entries:
-            existed = os.path.exists(path)
-            found = store.read(path, key, kind)
-            if found is None:
-                absent += 1
-                torn += existed  # a file there that did not verify: a torn write
-            elif found[0] != payload:
-                corrupt_loads += 1
-            else:
-                present += 1
-    elapsed = time.time() - started
+        temp_left += len(new_tmp)
+        # Only a kill between the temporary file's creation and the rename leaves one behind.
+        assert len(new_tmp) == (1 if stage in STAGES[1:3] else 0), stage
+        found = store.read(path, key, kind)
+        if found is None:
+            absent += 1
+            torn += os.path.exists(path)  # a file there that did not verify: a torn write
+            assert not (stage == STAGES[3] or old), "a whole entry was lost: %s" % stage
+        elif found[0] != payload:
+            corrupt_loads += 1
+        else:
+            present += 1
     # The leftovers of killed writers are reclaimed once no live writer can own them.
     old = time.time() - 7200
     for path in known_tmp:
@@ -107,47 +142,85 @@ def test_store_writer_killed_hundreds_of_times_leaves_no_bad_entry(nvcc13):
     store.prune()
     left = temporaries(store.root)
     good, bad = store.verify()
-    figures("crash mid-write (store)", kills=STORE_KILLS, killed_mid_write=mid_write, reads=present + absent,
-            whole=present, absent=absent, torn=torn, corrupt_loads=corrupt_loads, verify_bad=len(bad),
-            temp_files_reclaimed=len(known_tmp) - len(left), seconds="%.1f" % elapsed, seed=seed)
+    figures("crash mid-write (store)", kills=STORE_KILLS, killed_mid_write=landed[STAGES[1]] + landed[STAGES[2]],
+            reads=present + absent, whole=present, absent=absent, torn=torn, corrupt_loads=corrupt_loads,
+            verify_bad=len(bad), temp_files_reclaimed=temp_left - len(left), seed=seed,
+            **{stage.replace(" ", "_").replace("-", "_"): count for stage, count in landed.items()})
     assert corrupt_loads == 0 and torn == 0 and bad == []
-    assert mid_write > 0, "no kill landed inside a write: the test proved nothing"
     assert left == set()
+
+
+# The child of the engine-level test: compiles every kernel; while compiling kernel ``victim`` it kills its
+# own process group (itself and nvcc) after ``delay`` seconds of nvcc's run, or just before or after its
+# entry's rename.
+CHILD = """
+import os, signal, subprocess, sys, time
+import ptxbackend
+kernels, victim, stage, delay = eval(sys.argv[1])
+current = [None]
+real_popen, real_replace = subprocess.Popen, os.replace
+
+def power_cut():
+    os.killpg(0, signal.SIGKILL)
+
+class Popen(real_popen):
+    def __init__(self, cmd, *args, **kwargs):
+        real_popen.__init__(self, cmd, *args, **kwargs)
+        if current[0] == victim and stage == "compiler" and "-dryrun" not in cmd and "--ptx" in cmd:
+            time.sleep(delay)
+            power_cut()
+
+def replace(src, dst):
+    if current[0] == victim and dst.endswith(".ptx"):
+        if stage == "before rename":
+            power_cut()
+        real_replace(src, dst)
+        if stage == "after rename":
+            power_cut()
+    else:
+        real_replace(src, dst)
+
+subprocess.Popen, os.replace = Popen, replace
+for index, source in enumerate(kernels):
+    current[0] = index
+    ptxbackend.compile(source, target="compute_75")
+print("done")
+"""
 
 
 def test_compiling_process_killed_with_its_compiler_leaves_no_bad_entry(nvcc13, tmp_path):
     kernels = [kernel(100 + i) for i in range(6)]
-    reference = {src: ptxbackend.compile(src, target="compute_75", cache_dir=str(tmp_path / "ref")).image
-                 for src in kernels}
+    ref_root = str(tmp_path / "ref")
+    built = [ptxbackend.compile(src, target="compute_75", cache_dir=ref_root) for src in kernels]
+    reference = {src: art.image for src, art in zip(kernels, built)}
+    relative = [os.path.relpath(art.path, ref_root) for art in built]  # the same place in every cache
     cache, tmpdir = tmp_path / "cache", tmp_path / "tmp"
     tmpdir.mkdir()
-    code = ("import ptxbackend, sys\nfor src in %r:\n    ptxbackend.compile(src, target='compute_75')\n"
-            "print('done')\n" % (kernels,))
     env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(cache), TMPDIR=str(tmpdir))
-    # How long an uninterrupted cold run takes here: kills are spread over that, whatever the machine.
-    started = time.time()
-    subprocess.check_call([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
-                          env=dict(env, PTXBACKEND_CACHE_DIR=str(tmp_path / "timing")))
-    cold_run = time.time() - started
     seed = int(os.environ.get("PTXBACKEND_TEST_SEED", "20261201"))  # the same kills in every run
     rng = random.Random(seed)
     finished = 0
+    stages = {}
     for _ in range(ENGINE_KILLS):
-        store_dir = cache / LAYOUT
-        if store_dir.exists():  # fresh misses each round: kills land in compiles and writes
-            for base, _dirs, files in os.walk(str(store_dir)):
-                for name in files:
-                    if name.endswith(".ptx") and rng.random() < 0.75:
-                        os.unlink(os.path.join(base, name))
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+        # Fresh misses each round, so kills land in compiles and writes.  The victim is a kernel
+        # this round compiles (its entry is missing), so its kill always lands.
+        paths = [str(cache / rel) for rel in relative]
+        for path in paths:
+            if os.path.exists(path) and rng.random() < 0.75:
+                os.unlink(path)
+        missing = [i for i, path in enumerate(paths) if not os.path.exists(path)]
+        if not missing:
+            os.unlink(paths[0])
+            missing = [0]
+        victim = rng.choice(missing)
+        stage = rng.choice(("compiler", "before rename", "after rename"))
+        stages[stage] = stages.get(stage, 0) + 1
+        argument = repr((kernels, victim, stage, rng.uniform(0, 0.2)))
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, argument], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
-        time.sleep(rng.uniform(0.05, 0.7 * cold_run))
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the process and its nvcc, like a power cut
-        except ProcessLookupError:
-            pass
         out, err = proc.communicate()
         finished += out.strip() == b"done"
+        assert proc.returncode == -signal.SIGKILL, (proc.returncode, err.decode())
         assert b"Traceback" not in err, err.decode()
     engine._reset_for_tests()
     records = []
@@ -167,6 +240,7 @@ def test_compiling_process_killed_with_its_compiler_leaves_no_bad_entry(nvcc13, 
     leaked = [n for n in os.listdir(str(tmpdir)) if n.startswith("ptxbackend-nvcc-")]
     figures("crash mid-write (compile, process group killed)", kills=ENGINE_KILLS - finished,
             runs_finished=finished, kernels=len(kernels), hits_after=hits, rebuilt_after=len(kernels) - hits,
-            corrupt_loads=wrong, warnings=len(records), nvcc_workdirs_left_in_TMPDIR=len(leaked), seed=seed, cold_run_s="%.2f" % cold_run)
+            corrupt_loads=wrong, warnings=len(records), nvcc_workdirs_left_in_TMPDIR=len(leaked), seed=seed,
+            **{stage.replace(" ", "_"): count for stage, count in stages.items()})
     assert wrong == 0 and records == []
-    assert ENGINE_KILLS - finished >= ENGINE_KILLS // 2
+    assert finished == 0

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 import ptxbackend
-from ptxbackend import engine
+from ptxbackend import config, engine
 from ptxbackend.cache import entry
 from conftest import Captured, REPO, cache_files, count_calls, figures
 
@@ -436,3 +436,53 @@ def test_cache_dir_with_spaces_and_non_ascii_characters(logging_nvcc, tmp_path, 
     with open(str(calls), "rb") as handle:  # the logged -I path is not UTF-8 in one case
         assert sum(1 for line in handle if b"--ptx" in line and b"-dryrun" not in line) == 1
     figures("cache dir with %s" % where, processes=2, compiles=1, hits=1)
+
+
+def _swap_for_link(directory, outside):
+    """Move a cache directory away and leave a symlink to ``outside`` in its place (the attack)."""
+    os.rename(directory, directory + ".moved")
+    os.symlink(outside, directory)
+
+
+def _damaged_entry_and_decoy(tmp_path):
+    """A cache with one damaged entry, and an outside file of the same name that must survive."""
+    art = ptxbackend.compile(kernel("maintenance"), target="compute_75", compiler="nvcc")
+    with open(art.path, "r+b") as handle:
+        handle.seek(-4, os.SEEK_END)
+        handle.write(b"XXXX")  # a checksum failure: verify --repair removes this entry
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    decoy = outside / os.path.basename(art.path)
+    decoy.write_bytes(b"a file of the user's, outside the cache")
+    return art, str(outside), decoy
+
+
+def test_verify_repair_never_deletes_outside_the_cache_when_the_tree_is_swapped(nvcc13, tmp_path, monkeypatch):
+    art, outside, decoy = _damaged_entry_and_decoy(tmp_path)
+    store = engine.open_store(config.load_settings())
+    decode = entry.decode
+
+    def decode_then_swap(data):  # between the read and the repair's unlink, the directory is swapped
+        if not os.path.islink(os.path.dirname(art.path)):
+            _swap_for_link(os.path.dirname(art.path), outside)
+        return decode(data)
+    monkeypatch.setattr(entry, "decode", decode_then_swap)
+    good, bad = store.verify(repair=True)
+    assert len(bad) == 1 and decoy.exists()
+    assert not os.path.exists(os.path.dirname(art.path) + ".moved/" + os.path.basename(art.path))
+
+
+def test_prune_never_deletes_outside_the_cache_when_the_tree_is_swapped(nvcc13, tmp_path, monkeypatch):
+    art, outside, decoy = _damaged_entry_and_decoy(tmp_path)
+    store = engine.open_store(config.load_settings())
+    walk = store._files
+
+    def walk_then_swap(base_fd):  # after the walk, before the deletions, the directory is swapped
+        for item in walk(base_fd):
+            yield item
+        if not os.path.islink(os.path.dirname(art.path)):
+            _swap_for_link(os.path.dirname(art.path), outside)
+    monkeypatch.setattr(store, "_files", walk_then_swap)
+    removed, _freed = store.prune(max_size=1)
+    assert decoy.exists() and removed == 0
+    assert os.path.exists(os.path.dirname(art.path) + ".moved/" + os.path.basename(art.path))

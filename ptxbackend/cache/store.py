@@ -274,41 +274,63 @@ class DirectoryStore(object):
                 continue
         return found
 
-    def _producers(self):
+    def _producers(self, base_fd=None):
         try:
-            names = os.listdir(self.base)
+            names = os.listdir(self.base if base_fd is None else base_fd)
         except OSError:
             return []
         return sorted((n for n in names if n not in ("locks", "meta") and "-" in n), reverse=True)
 
     # -- maintenance ---------------------------------------------------------------------------
+    # Walked and changed through descriptors of this cache's own directories (_fsutil.walk_files):
+    # a directory swapped for a symlink mid-run can never point a deletion outside the cache.
+
+    @contextlib.contextmanager
+    def _base_fd(self):
+        try:
+            fd = _fsutil.open_directory(self.base)
+        except OSError as exc:
+            raise CacheError("cannot open cache directory %s: %s" % (self.base, exc.strerror or exc))
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _files(self, base_fd):
+        """Yield ``(directory_fd, relative_path, name, stat)`` of every file below a producer."""
+        for producer in self._producers(base_fd):
+            for dir_fd, relative_dir, name, st in _fsutil.walk_files(base_fd, producer):
+                yield dir_fd, os.path.join(relative_dir, name), name, st
+
+    @staticmethod
+    def _is_entry(name, st):
+        return stat_module.S_ISREG(st.st_mode) and name.rsplit(".", 1)[-1] in KIND_SUFFIXES
+
     def entries(self):
         """Yield ``(path, size, mtime)`` of every entry file."""
-        for producer in self._producers():
-            top = os.path.join(self.base, producer)
-            for base, _dirs, files in os.walk(top):
-                for name in files:
-                    if name.rsplit(".", 1)[-1] not in KIND_SUFFIXES:
-                        continue
-                    full = os.path.join(base, name)
-                    try:
-                        st = os.lstat(full)
-                    except OSError:
-                        continue
-                    yield full, st.st_size, st.st_mtime
+        with self._base_fd() as base_fd:
+            for _dir_fd, relative, name, st in self._files(base_fd):
+                if self._is_entry(name, st):
+                    yield os.path.join(self.base, relative), st.st_size, st.st_mtime
 
     def verify(self, repair=False):
         """Check every entry.  Returns ``(good, [(path, reason), ...])``; ``repair`` removes bad ones."""
         good = 0
         bad = []
-        for path, _size, _mtime in list(self.entries()):
-            try:
-                entry_format.decode(_fsutil.read_file(path))
-                good += 1
-            except (OSError, entry_format.CorruptEntry) as exc:
-                bad.append((path, str(exc)))
-                if repair:
-                    _fsutil.remove_quietly(path)
+        with self._base_fd() as base_fd:
+            for dir_fd, relative, name, st in self._files(base_fd):
+                if not self._is_entry(name, st):
+                    continue
+                try:
+                    entry_format.decode(_fsutil.read_at(dir_fd, name))
+                    good += 1
+                except (OSError, entry_format.CorruptEntry) as exc:
+                    bad.append((os.path.join(self.base, relative), str(exc)))
+                    if repair:
+                        try:
+                            os.unlink(name, dir_fd=dir_fd)  # the directory read, wherever it is now
+                        except OSError:
+                            pass
         return good, bad
 
     def total_size(self):
@@ -320,39 +342,36 @@ class DirectoryStore(object):
         Returns ``(files_removed, bytes_removed)``.
         """
         limit = self.max_size if max_size is None else max_size
-        self._remove_stale_temporaries()
-        items = sorted(self.entries(), key=lambda item: item[2])
-        total = sum(item[1] for item in items)
-        removed = freed = 0
-        if limit is None or total <= limit:
-            return 0, 0
-        goal = int(limit * 0.8)
-        for path, size, _mtime in items:
-            if total <= goal:
-                break
-            _fsutil.remove_quietly(path)
-            total -= size
-            removed += 1
-            freed += size
-        return removed, freed
-
-    def _remove_stale_temporaries(self):
-        """Remove temporary files of writers killed before their rename (SIGKILL, power loss).
-
-        They are never entries and would otherwise stay forever, uncounted by the size cap.
-        An hour old, no live writer (seconds per write) can still be using one.
-        """
-        for producer in self._producers():
-            for base, _dirs, files in os.walk(os.path.join(self.base, producer)):
-                for name in files:
-                    if not name.startswith(".tmp-"):
-                        continue
-                    full = os.path.join(base, name)
+        now = time.time()
+        items = []
+        with self._base_fd() as base_fd:
+            for dir_fd, relative, name, st in self._files(base_fd):
+                if self._is_entry(name, st):
+                    items.append((st.st_mtime, st.st_size, relative))
+                elif name.startswith(".tmp-") and now - st.st_mtime > _TOUCH_AFTER:
+                    # A writer killed before its rename (SIGKILL, power loss) left this; it is never an
+                    # entry, the size cap does not count it, and no live writer (seconds) is this slow.
                     try:
-                        if time.time() - os.lstat(full).st_mtime > _TOUCH_AFTER:
-                            _fsutil.remove_quietly(full)
+                        os.unlink(name, dir_fd=dir_fd)
                     except OSError:
                         pass
+            items.sort()
+            total = sum(item[1] for item in items)
+            removed = freed = 0
+            if limit is None or total <= limit:
+                return 0, 0
+            goal = int(limit * 0.8)
+            for _mtime, size, relative in items:
+                if total <= goal:
+                    break
+                try:
+                    _fsutil.unlink_beneath(base_fd, relative)
+                except OSError:
+                    continue  # gone already, or its directory was swapped for a link: not ours to touch
+                total -= size
+                removed += 1
+                freed += size
+        return removed, freed
 
     def _maybe_prune(self):
         if not self.max_size:
