@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 import ptxbackend
-from ptxbackend.cache import SCHEMA_VERSION, DirectoryStore, bundle
+from ptxbackend.cache import SCHEMA_VERSION, DirectoryStore, bundle, entry
 from ptxbackend.cache.store import LAYOUT
 from ptxbackend.errors import CacheError, CompilerNotFoundError
 from conftest import HIDE_NVRTC, REPO, SAXPY, count_calls, hide_nvrtc, run_python
@@ -82,16 +82,6 @@ def test_import_refuses_other_schema_and_damage(nvcc13, tmp_path):
     with pytest.raises(CacheError) as info:
         bundle.import_bundle(target, _bundle_with(tmp_path, [], {"format": 1, "schema": 99, "files": []}))
     assert "schema 99" in str(info.value) and "Export the bundle again" in str(info.value)
-    link = tarfile.TarInfo(LAYOUT + "/p-1/compute_75/ab/x.ptx")
-    link.type = tarfile.SYMTYPE
-    link.linkname = "/etc/passwd"
-    with pytest.raises(CacheError):
-        bundle.import_bundle(target, _bundle_with(tmp_path, [(link, None)], {"format": 1, "schema": SCHEMA_VERSION, "files": []}))
-    escape = tarfile.TarInfo(LAYOUT + "/../../escape.ptx")
-    escape.size = 1
-    with pytest.raises(CacheError):
-        bundle.import_bundle(target, _bundle_with(tmp_path, [(escape, b"x")], {
-            "format": 1, "schema": SCHEMA_VERSION, "files": [{"name": escape.name, "sha256": "0", "size": 1}]}))
     with tarfile.open(good) as archive:
         members = [(m, archive.extractfile(m).read()) for m in archive.getmembers()]
     manifest = json.loads(members[0][1])
@@ -255,3 +245,96 @@ def test_member_larger_than_its_manifest_says_is_refused_before_it_is_read(tmp_p
     with pytest.raises(CacheError, match="its manifest says 1"):
         bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), path)
     assert reads == [bundle.MANIFEST]  # the member itself was never read
+
+
+# Each bundle below is valid in every respect but one, so only the check named in its test can refuse it.
+KEY = "ab" * 32
+ENTRY_NAME = "%s/nvcc-13.0.88/compute_75/ab/%s.ptx" % (LAYOUT, KEY)
+
+
+def _entry_bytes(key=KEY):
+    return entry.encode(b"// a kernel\n", {"key": key, "kind": "ptx", "producer": "nvcc-13.0.88"})
+
+
+def _bundle_of(tmp_path, files, listed=None, extra_members=()):
+    """A bundle of ``files`` (name -> bytes), its manifest listing ``listed`` (default: all, truthfully)."""
+    listed = files if listed is None else listed
+    manifest = {"format": bundle.BUNDLE_FORMAT, "schema": SCHEMA_VERSION,
+                "files": [{"name": n, "sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
+                          for n, d in listed.items()]}
+    members = []
+    for name, data in files.items():
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        members.append((info, data))
+    return _bundle_with(tmp_path, members + list(extra_members), manifest)
+
+
+def _imports(tmp_path, path):
+    target = DirectoryStore(str(tmp_path / "line-pc"))
+    return bundle.import_bundle(target, path), target
+
+
+def test_the_valid_bundle_these_tests_start_from_imports(tmp_path):
+    (added, _present), target = _imports(tmp_path, _bundle_of(tmp_path, {ENTRY_NAME: _entry_bytes()}))
+    assert added == 1 and len(list(target.entries())) == 1
+
+
+def test_import_refuses_a_member_that_climbs_out_of_the_cache(tmp_path):
+    name = "%s/../../outside/x/%s.ptx" % (LAYOUT, KEY)  # an entry name in every other respect
+    with pytest.raises(CacheError, match="unexpected member"):
+        _imports(tmp_path, _bundle_of(tmp_path, {name: _entry_bytes()}))
+    assert not os.path.exists(str(tmp_path / "outside"))
+
+
+def test_import_refuses_a_link_member_as_not_a_regular_file(tmp_path):
+    """A symlink member whose manifest line matches the regular member it points to."""
+    link = tarfile.TarInfo("%s/nvcc-13.0.88/compute_75/cd/%s.ptx" % (LAYOUT, "cd" * 32))
+    link.type = tarfile.SYMTYPE
+    link.linkname = ENTRY_NAME
+    data = _entry_bytes()
+    listed = {ENTRY_NAME: data, link.name: data}
+    with pytest.raises(CacheError, match="not a regular file"):
+        _imports(tmp_path, _bundle_of(tmp_path, {ENTRY_NAME: data}, listed, [(link, None)]))
+
+
+def test_import_refuses_an_entry_that_is_not_a_valid_entry(tmp_path):
+    with pytest.raises(CacheError, match="not a valid entry"):
+        _imports(tmp_path, _bundle_of(tmp_path, {ENTRY_NAME: b"// raw PTX, not a cache entry\n"}))
+    assert not os.path.exists(str(tmp_path / "line-pc" / LAYOUT / "nvcc-13.0.88"))
+
+
+def test_import_refuses_an_entry_filed_under_another_key(tmp_path):
+    with pytest.raises(CacheError, match="not a valid entry.*belongs to key"):
+        _imports(tmp_path, _bundle_of(tmp_path, {ENTRY_NAME: _entry_bytes("cd" * 32)}))
+
+
+def test_import_refuses_a_member_the_manifest_does_not_list(tmp_path):
+    other = "%s/nvcc-13.0.88/compute_75/cd/%s.ptx" % (LAYOUT, "cd" * 32)
+    files = {ENTRY_NAME: _entry_bytes(), other: _entry_bytes("cd" * 32)}
+    with pytest.raises(CacheError, match="unexpected member"):
+        _imports(tmp_path, _bundle_of(tmp_path, files, {ENTRY_NAME: files[ENTRY_NAME]}))
+
+
+def test_import_refuses_a_bundle_missing_a_listed_file(tmp_path):
+    other = "%s/nvcc-13.0.88/compute_75/cd/%s.ptx" % (LAYOUT, "cd" * 32)
+    listed = {ENTRY_NAME: _entry_bytes(), other: _entry_bytes("cd" * 32)}
+    with pytest.raises(CacheError, match="missing"):
+        _imports(tmp_path, _bundle_of(tmp_path, {ENTRY_NAME: listed[ENTRY_NAME]}, listed))
+
+
+def test_import_refuses_a_manifest_declaring_more_than_the_budget(tmp_path, monkeypatch):
+    data = _entry_bytes()
+    monkeypatch.setattr(bundle, "MAX_TOTAL", len(data) - 1)  # instead of a 4 GiB test file
+    with pytest.raises(CacheError, match="more than an import reads"):
+        _imports(tmp_path, _bundle_of(tmp_path, {ENTRY_NAME: data}))
+
+
+def test_import_refuses_a_file_that_differs_from_its_manifest_checksum(tmp_path):
+    """A well-formed producer record changed after export (same size): only the checksum tells."""
+    name = LAYOUT + "/nvcc-13.0.88/identity.json"
+    record = json.dumps({"kind": "nvcc", "version": "13.0.88", "virtual_archs": [75], "real_archs": [75],
+                         "archs_reliable": True}).encode()
+    changed = record.replace(b"[75]", b"[90]", 1)
+    with pytest.raises(CacheError, match="does not match its checksum"):
+        _imports(tmp_path, _bundle_of(tmp_path, {name: changed}, {name: record}))

@@ -150,9 +150,11 @@ def _kind_of(name):
 def _check_file(kind, name, data):
     """Raise ``ValueError`` saying why ``data`` is not a valid file of ``kind``."""
     if kind == "entry":
+        key, suffix = name.rsplit("/", 1)[1].rsplit(".", 1)
         try:
-            entry_format.decode(data)
-        except entry_format.CorruptEntry as exc:
+            # The key and kind its name claims, as a read will expect them.
+            entry_format.decode(data, expect_key=key, expect_kind=suffix)
+        except (entry_format.CorruptEntry, ValueError) as exc:
             raise ValueError("not a valid entry (%s)" % exc)
         return
     try:
