@@ -50,6 +50,17 @@ def parse_log_level(text):
     return value
 
 
+REMOTE_MODES = ("rw", "ro")
+
+
+def parse_remote_mode(text):
+    """``rw`` (read and upload) or ``ro`` (read only: line PCs)."""
+    value = str(text).strip().lower()
+    if value not in REMOTE_MODES:
+        raise ValueError("not a remote mode: %r (write rw or ro)" % (text,))
+    return value
+
+
 # name -> (environment variable, default, parser)
 KNOBS = {
     "target": ("PTXBACKEND_TARGET", "auto", _text),
@@ -62,6 +73,14 @@ KNOBS = {
     "cubin_cache": ("PTXBACKEND_CUBIN_CACHE", True, parse_bool),
     "lock_timeout": ("PTXBACKEND_LOCK_TIMEOUT", 600.0, parse_seconds),
     "log": ("PTXBACKEND_LOG", "warning", parse_log_level),
+    # The fleet store (docs/fleet.md): off unless a URL and a key file are given.
+    "remote": ("PTXBACKEND_REMOTE", None, _text),
+    "remote_mode": ("PTXBACKEND_REMOTE_MODE", "rw", parse_remote_mode),
+    "remote_timeout": ("PTXBACKEND_REMOTE_TIMEOUT", 0.25, parse_seconds),
+    "remote_namespace": ("PTXBACKEND_REMOTE_NAMESPACE", "ptxbackend", _text),
+    "remote_key_file": ("PTXBACKEND_REMOTE_KEY_FILE", None, _text),
+    "remote_password_file": ("PTXBACKEND_REMOTE_PASSWORD_FILE", None, _text),
+    "remote_ttl": ("PTXBACKEND_REMOTE_TTL", 0.0, parse_seconds),
 }
 
 # Variables the compilers read that change what they produce: part of every request's key.
