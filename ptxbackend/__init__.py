@@ -9,11 +9,10 @@ Public API::
 Configuration lives in ``PTXBACKEND_*`` variables (docs/configuration.md).
 """
 
-__version__ = "0.3.0"
-
-from .errors import (CacheError, CompileError, CompilerNotFoundError, ConfigError, DriverError,  # noqa: E402
+from ._version import __version__
+from .errors import (CacheError, CompileError, CompilerNotFoundError, ConfigError, DriverError,
                      PtxBackendError, TargetError)
-from .engine import Artifact, compile, load  # noqa: E402
+from .engine import Artifact, compile, load
 
 
 def install():

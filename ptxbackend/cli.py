@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from . import __version__
+from ._version import __version__
 from .errors import ConfigError, PtxBackendError
 
 
@@ -45,14 +45,15 @@ def _cmd_cache(args):
     from .config import load_settings
     from .engine import open_store
     from .config import parse_size
+    from .cache.entries import EntryCache
     store = open_store(load_settings(cache_dir=args.cache_dir))
     if args.action == "info":
         entries = list(store.entries())
         total = sum(size for _p, size, _m in entries)
         print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (limit %.0f MiB)" % (
             store.root, len(entries), total / 1048576.0, (store.max_size or 0) / 1048576.0))
-        for identity in store.identities():
-            print("producer:  %s (%s)" % (identity.producer, identity.path))
+        for producer, _record in EntryCache(store).producer_records():
+            print("producer:  %s" % producer)
         old = store.old_layouts()
         if old:
             print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
@@ -202,7 +203,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.compiler_options = compiler_options
     from . import engine
-    engine.temporary_cache_fallback = False  # an admin command on a throwaway cache would only pretend
+    engine.state.temporary_cache_fallback = False  # an admin command on a throwaway cache would only pretend
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

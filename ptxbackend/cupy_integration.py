@@ -29,6 +29,7 @@ import sys
 from _ptxbackend_pth import disabled as _disabled
 
 from . import engine
+from . import image as image_step
 from .config import load_settings
 from .errors import ConfigError, PtxBackendError, TargetError
 
@@ -174,19 +175,14 @@ def _use_cupy_context(compiler_module):
 
 def _load(compiler_module, artifact):
     """CuPy's own ``function.Module`` holding ``artifact`` (the JIT cubin for PTX)."""
-    image, kind = engine.loadable_image(artifact)
-    module = compiler_module.function.Module()
-    try:
-        module.load(bytes(image))
-    except Exception as exc:
-        if kind == artifact.kind:
-            raise
-        log.warning("ptxbackend: the driver rejected the cached JIT cubin of %s (%s); loading its PTX",
-                    artifact.key[:12], exc)
-        engine.discard_jit(artifact, "rejected by the driver")
-        # CuPy hands the bytes to cuModuleLoadData as a C string: terminate the PTX.
-        module.load(bytes(artifact.image).rstrip(b"\0") + b"\0")
-    return module
+    def load_image(image, kind):
+        data = bytes(image)
+        if kind == "ptx":
+            data = data.rstrip(b"\0") + b"\0"  # CuPy hands the bytes to the driver as a C string
+        module = compiler_module.function.Module()
+        module.load(data)
+        return module
+    return image_step.load(artifact, load_image)
 
 
 def _serve(compiler_module, gen, call):

@@ -3,7 +3,8 @@
 import os
 import sys
 
-from . import __version__, driver
+from . import driver
+from ._version import __version__
 from .compilers import KINDS, get_compiler
 from .config import settings_and_problems
 from .engine import open_store

@@ -9,29 +9,23 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 
-from . import __version__, driver
-from .cache import DirectoryStore, deps, request_key
+from . import driver
+from . import image as image_step
+from .cache import DirectoryStore, deps, layout, request_key
+from .cache.entries import EntryCache
+from .cache.entry import metadata as entry_metadata
 from .compilers import COMPILERS, get_compiler
+from .compilers.base import CompilerIdentity
 from .compilers.options import read_path_options
 from .config import compile_settings, configure_logging
 from .errors import CacheError, CompilerNotFoundError, DriverError, TargetError
+from .record import record_request
+from .state import state
 from .targets import choose_target, parse_cc
-from .warm import record_request
 
 log = logging.getLogger("ptxbackend")
-
-_lock = threading.Lock()
-_stores = {}
-_compilers = {}
-_device_ccs = {}
-_choices = {}
-_prepared = {}
-_requests = {}
-_settled = {}
-_warned = set()
 
 
 class Artifact(object):
@@ -44,36 +38,37 @@ class Artifact(object):
         target: the concrete :class:`~ptxbackend.targets.Target` built.
         producer: the compiler that made it, e.g. ``'nvcc-11.2.152'``.
         key: the request key (hex SHA-256).
-        path: the cache entry's path.
+        name: the entry's name in every store (:mod:`ptxbackend.cache.layout`).
+        path: the entry's file in the local cache.
         cache_hit: whether it came from the cache.
         reason: why this target was chosen.
         device_cc: the compute capability the choice was made for (or ``None``).
     """
 
-    __slots__ = ("_image", "kind", "target", "producer", "key", "path", "cache_hit", "reason",
-                 "device_cc", "store", "cubin_cache", "jit", "_refetch", "deps")
+    __slots__ = ("_image", "kind", "target", "producer", "key", "name", "path", "cache_hit", "reason",
+                 "device_cc", "store", "cubin_cache", "jit", "_request", "deps")
 
-    def __init__(self, image, kind, target, producer, key, path, cache_hit, reason, device_cc, store):
+    def __init__(self, image, kind, target, producer, key, name, cache_hit, reason, device_cc, store):
         self._image = image
         self.kind = kind
         self.target = target
         self.producer = producer
         self.key = key
-        self.path = path
+        self.name = name
+        self.path = store.path_of(name)
         self.cache_hit = cache_hit
         self.reason = reason
         self.device_cc = device_cc
         self.store = store
         self.cubin_cache = True  # PTXBACKEND_CUBIN_CACHE as compile() saw it: spares load() a settings read
         self.jit = None  # (cc, driver build, cubin) found by compile() at the cubin level
-        self._refetch = None
+        self._request = None  # what compile() was asked, when it skipped reading the PTX
         self.deps = b""  # the entry's dependency section: a JIT cubin must carry the same one
 
     @property
     def image(self):
         if self._image is None:
-            # A hit at the cubin level skipped reading the PTX; read it now that someone asks.
-            self._image = self._refetch()
+            self._image = _skipped_ptx(self)
         return self._image
 
     def __repr__(self):
@@ -83,29 +78,57 @@ class Artifact(object):
             "hit" if self.cache_hit else "compiled")
 
 
+def _skipped_ptx(artifact):
+    """The PTX of a hit served at the cubin level, which compile() did not read: read it now."""
+    found = artifact.store.read(artifact.name, artifact.key, "ptx", False, True)
+    if found is not None and found[2] == artifact.deps:
+        return found[0]
+    # Gone (pruned) or rebuilt since: the request again, without the shortcut.
+    return _compile(*artifact._request, jit_first=False).image
+
+
 def _warn_once(tag, message, *args):
-    if tag not in _warned:
-        _warned.add(tag)
+    if tag not in state.warned:
+        state.warned.add(tag)
         log.warning(message, *args)
 
 
-#: Whether a cache that cannot be used falls back to a private temporary one.  A running program
-#: must go on (its kernels are compiled again); the command line turns this off, so that an
-#: administrator's `cache import` or `warm` never reports success on a throwaway cache.
-temporary_cache_fallback = True
+def open_cache(settings):
+    """The :class:`~ptxbackend.cache.entries.EntryCache` for ``settings``: the local store for
+    ``settings.cache_dir`` and, when configured and usable, the fleet store."""
+    root = os.path.expanduser(settings.cache_dir)
+    cache = state.caches.get(root)
+    if cache is None:
+        local = open_store(settings)
+        remote = _open_remote(settings, root)
+        with state.lock:
+            cache = state.caches.setdefault(root, EntryCache(local, remote))
+    return cache
+
+
+def _open_remote(settings, root):
+    if not settings.remote:
+        return None
+    from .cache.remote import open_remote
+    remote, problem = open_remote(settings)
+    if problem:
+        state.remote_problems[root] = problem
+        _warn_once("remote", "ptxbackend: the fleet store is not used: %s", problem)
+    return remote
 
 
 def open_store(settings):
-    """The store for ``settings.cache_dir``; a private temporary one if that cannot be used
-    (unless :data:`temporary_cache_fallback` is off: then :class:`CacheError`)."""
+    """The local store for ``settings.cache_dir``; a private temporary one if that cannot be used
+    (unless ``state.temporary_cache_fallback`` is off: then :class:`CacheError`)."""
     root = os.path.expanduser(settings.cache_dir)
-    with _lock:
-        store = _stores.get(root)
+    with state.lock:
+        cache = state.caches.get(root)
+        store = cache.local if cache is not None else state.stores.get(root)
         if store is None:
             try:
                 store = DirectoryStore(root, settings.cache_max_size, settings.lock_timeout)
             except (CacheError, OSError) as exc:
-                if not temporary_cache_fallback:
+                if not state.temporary_cache_fallback:
                     raise CacheError("cannot use the cache at %s: %s" % (root, exc) if not isinstance(
                         exc, CacheError) else str(exc))
                 try:
@@ -120,7 +143,7 @@ def open_store(settings):
                 # Per process, as the warning says: a line restarted daily must not fill /tmp.
                 atexit.register(_remove_temporary_cache, temporary, os.getpid())
                 store = DirectoryStore(temporary, settings.cache_max_size, settings.lock_timeout)
-            _stores[root] = store
+            state.stores[root] = store
         return store
 
 
@@ -133,23 +156,23 @@ def _compiler(settings, kind, store):
     kind = kind or settings.compiler
     marker = (kind, settings.nvcc, settings.nvrtc, os.environ.get("PATH"), os.environ.get("CUDA_PATH"),
               os.environ.get("CUDA_HOME"), store.meta_dir)
-    with _lock:
-        found = _compilers.get(marker)
+    with state.lock:
+        found = state.compilers.get(marker)
     if found is None or not found.identity.unchanged():
         # First use, or a file that does the work changed (a toolkit swapped behind a wrapper,
         # an NVRTC updated in place): find and probe again.
         found = get_compiler(kind, settings.nvcc, settings.nvrtc, os.path.join(store.meta_dir, "compilers"))
-        with _lock:
-            _compilers[marker] = found
+        with state.lock:
+            state.compilers[marker] = found
     return found
 
 
 def _forget_compilers():
-    with _lock:
-        _compilers.clear()
-        _prepared.clear()
-        _choices.clear()
-        _settled.clear()
+    with state.lock:
+        state.compilers.clear()
+        state.prepared.clear()
+        state.choices.clear()
+        state.settled.clear()
 
 
 def _explicit_compiler(settings, compiler):
@@ -168,20 +191,20 @@ def _prepare(settings, compiler):
     an error, never a reason to serve whatever the cache holds.
     """
     marker = (settings, compiler)
-    found = _prepared.get(marker)
+    found = state.prepared.get(marker)
     if found is not None and found[1].identity.unchanged():
         return found
-    store = open_store(settings)
+    store = open_cache(settings)
     try:
         found = (store, _compiler(settings, compiler, store), None)
     except CompilerNotFoundError as missing:
         if _explicit_compiler(settings, compiler):
             raise
         return store, None, missing
-    with _lock:
-        if len(_prepared) >= 256:
-            _prepared.clear()
-        _prepared[marker] = found
+    with state.lock:
+        if len(state.prepared) >= 256:
+            state.prepared.clear()
+        state.prepared[marker] = found
     return found
 
 
@@ -201,7 +224,7 @@ def _request(options, name, source_dir, kind, host, environment):
     """The effective options (relative paths made absolute) and the key's context."""
     marker = (options, name, source_dir, kind, host, environment)
     try:
-        found = _requests.get(marker)
+        found = state.requests.get(marker)
     except TypeError:
         marker = found = None
     if found is not None:
@@ -216,14 +239,14 @@ def _request(options, name, source_dir, kind, host, environment):
     # A relative path depends on the working directory, which can change: remember only the rest.
     found = _Request(parsed.options, context, parsed,
                      parsed.options == options and (not source_dir or os.path.isabs(source_dir)))
-    _remember_request(_requests, marker, found)
+    _remember_request(state.requests, marker, found)
     return found
 
 
 def _remember_request(memo, marker, found):
     """Keep ``found`` under ``marker`` (a bounded memo), unless it depends on the working directory."""
     if marker is not None and found.cwd_free:
-        with _lock:
+        with state.lock:
             if len(memo) >= 1024:
                 memo.clear()
             memo[marker] = found
@@ -234,13 +257,13 @@ def _settled_request(options, name, source_dir, comp, settings):
     settings): the warm path's one dictionary lookup for all of it."""
     marker = (options, name, source_dir, comp, settings)
     try:
-        found = _settled.get(marker)
+        found = state.settled.get(marker)
     except TypeError:
         marker = found = None
     if found is None:
         found = _request(options, name, source_dir, comp.kind, comp.identity.host,
                          _environment(settings, type(comp)))
-        _remember_request(_settled, marker, found)
+        _remember_request(state.settled, marker, found)
     return found
 
 
@@ -252,19 +275,12 @@ def _environment(settings, comp_class):
 def _choose_target(spec, comp, cc):
     """choose_target(), remembered per (spec, compiler, device): the hit path asks every time."""
     marker = (str(spec), comp, cc)  # comp itself: the dict keeps it alive, so no id is reused
-    chosen = _choices.get(marker)
+    chosen = state.choices.get(marker)
     if chosen is None:
         chosen = choose_target(spec, comp.identity, cc)
-        with _lock:
-            _choices[marker] = chosen
+        with state.lock:
+            state.choices[marker] = chosen
     return chosen
-
-
-def _current_device_cc():
-    ordinal = driver.current_device()
-    if ordinal not in _device_ccs:
-        _device_ccs[ordinal] = driver.compute_capability(ordinal)
-    return _device_ccs[ordinal]
 
 
 def _other_compiler_hint(settings, compiler, comp, store, cc):
@@ -290,17 +306,9 @@ def device_compute_capability(settings):
     if settings.device_cc is not None:
         return parse_cc(settings.device_cc)
     try:
-        return _current_device_cc()
+        return image_step.current_device_cc()
     except DriverError:  # no driver, no device: what driver.available() would say, one call cheaper
         return None
-
-
-def _metadata(key, target, producer, options, level, **extra):
-    meta = {"key": key, "kind": "cubin" if level == "jit" else target.output_kind,
-            "target": str(target), "producer": producer, "options": [str(o) for o in options],
-            "level": level, "created": time.time(), "ptxbackend": __version__}
-    meta.update(extra)
-    return meta
 
 
 def compile(source, options=(), target=None, compiler=None, device_cc=None, cache_dir=None,
@@ -369,38 +377,20 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
         request = _request(options, name, source_dir, comp.kind, host, _environment(settings, type(comp)))
     key = request_key(source, request.options, chosen, request.context)
     producer = comp.identity.producer
-    path = store.entry_path(producer, chosen, key, chosen.output_kind)
+    entry = layout.entry_name(producer, chosen, key, chosen.output_kind)
     if jit_first:
-        artifact = _jit_hit(store, chosen, producer, key, path, reason, cc)
+        artifact = _jit_hit(store, chosen, producer, key, entry, reason, cc)
         if artifact is not None:
-            # The PTX entry is read only if asked for (artifact.image), through the usual path.
-            artifact._refetch = lambda: _compile(settings, source, options, compiler, name, source_dir,
-                                                 False).image
+            # The PTX entry is read only if asked for (artifact.image).
+            artifact._request = (settings, source, options, compiler, name, source_dir)
             return artifact
-    found = _valid(store.read(path, key, chosen.output_kind, False, True), path, store)
+    found = _valid(store.read(entry, key, chosen.output_kind, False, True), entry, store)
     if found is None:
-        with store.lock(path):
-            found = _valid(store.read(path, key, chosen.output_kind, False, True), path, store)
+        with store.lock(entry):
+            found = _valid(store.read(entry, key, chosen.output_kind, False, True), entry, store)
             changed = found is None and not comp.identity.all_unchanged()
             if found is None and not changed:
-                inputs = list(request.path_options.option_files)
-                started = time.time()
-                image = comp.compile(source, request.options, chosen, name, inputs)
-                section, system_list, digest = _dependency_section(inputs, started, comp, request,
-                                                                   extra_system)
-                try:
-                    if system_list is not None:
-                        store.save_system_deps(digest, system_list)  # before the entry that names it
-                    store.write(path, image, _metadata(key, chosen, producer, request.options, "compile"),
-                                section)
-                    store.save_identity(comp.identity)
-                except OSError as exc:
-                    store.note_unwritable(exc)  # once per store, with the lock's own failure
-                log.debug("ptxbackend: compiled %s for %s with %s", key[:12], chosen, producer)
-                artifact = Artifact(image, chosen.output_kind, chosen, producer, key, path, False, reason,
-                                    cc, store)
-                artifact.deps = section
-                return artifact
+                return _build(store, comp, source, request, chosen, name, key, entry, reason, cc, extra_system)
     if found is None:
         # A file behind the toolkit changed (cicc, ptxas, nvcc.profile ...): probe it again, with the
         # entry's lock released, before anything is built and filed under the old identity.
@@ -410,18 +400,38 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
                 "the files of %s kept changing while ptxbackend probed them (an install or upgrade "
                 "under way?); try again when it is done" % comp.identity.path)
         return _compile(settings, source, options, compiler, name, source_dir, jit_first, True)
-    log.debug("ptxbackend: cache hit %s", path)
-    artifact = Artifact(found[0], chosen.output_kind, chosen, producer, key, path, True, reason, cc, store)
+    log.debug("ptxbackend: cache hit %s", entry)
+    artifact = Artifact(found[0], chosen.output_kind, chosen, producer, key, entry, True, reason, cc, store)
     artifact.deps = found[2]
     return artifact
 
 
-def _valid(found, path, store, system_too=True, missing_ok=False):
+def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, extra_system):
+    """Compile a miss (its lock held) and file it with the files the compile read."""
+    inputs = list(request.path_options.option_files)
+    started = time.time()
+    image = comp.compile(source, request.options, chosen, name, inputs)
+    section, system_list, digest = _dependency_section(inputs, started, comp, request, extra_system)
+    producer = comp.identity.producer
+    try:
+        if system_list is not None:
+            store.save_system_deps(digest, system_list)  # before the entry that names it
+        store.write(entry, image, entry_metadata(key, chosen, producer, request.options, "compile"), section)
+        store.save_producer(producer, comp.identity.producer_record())
+    except OSError as exc:
+        store.note_unwritable(exc)  # once per store, with the lock's own failure
+    log.debug("ptxbackend: compiled %s for %s with %s", key[:12], chosen, producer)
+    artifact = Artifact(image, chosen.output_kind, chosen, producer, key, entry, False, reason, cc, store)
+    artifact.deps = section
+    return artifact
+
+
+def _valid(found, entry, store, system_too=True, missing_ok=False):
     """``found`` when the files its compile read still hold the same bytes, else ``None`` (a miss)."""
     if found is None or deps.still_valid(found[2], store.load_system_deps if system_too else None,
                                          missing_ok):
         return found
-    log.debug("ptxbackend: %s: a file the compile read has changed; compiling again", path)
+    log.debug("ptxbackend: %s: a file the compile read has changed; compiling again", entry)
     return None
 
 
@@ -441,16 +451,16 @@ def _environment_dirs():
     return dirs
 
 
-def _jit_hit(store, target, producer, key, path, reason, cc):
+def _jit_hit(store, target, producer, key, entry, reason, cc):
     if target.output_kind != "ptx":
         return None
     build = driver.driver_build()
-    found = _valid(store.read(store.jit_path(producer, target, key, cc, build), key, "cubin", False, True),
-                   path, store)
+    found = _valid(store.read(layout.jit_name(producer, target, key, cc, build), key, "cubin", False, True),
+                   entry, store)
     if found is None:
         return None
-    log.debug("ptxbackend: cache hit %s (cubin level)", path)
-    artifact = Artifact(None, "ptx", target, producer, key, path, True, reason, cc, store)
+    log.debug("ptxbackend: cache hit %s (cubin level)", entry)
+    artifact = Artifact(None, "ptx", target, producer, key, entry, True, reason, cc, store)
     artifact.jit = (cc, build, found[0])
     artifact.deps = found[2]
     return artifact
@@ -462,22 +472,23 @@ def _from_cache_only(store, settings, source, options, name, source_dir, cc, mis
     The toolkit's own headers are not on this machine, so only the caller's
     headers are checked: one that exists must be unchanged.
     """
-    for identity in store.identities():
+    for producer, record in store.producer_records():
         try:
+            identity = CompilerIdentity.from_json(record)
             chosen, reason = choose_target(settings.target, identity, cc)
-        except TargetError:
+        except (TargetError, KeyError, TypeError, ValueError):
             continue
         backend = COMPILERS.get(identity.kind)
-        if backend is None:
+        if backend is None or identity.producer != producer:
             continue
         request = _request(options, name, source_dir, identity.kind, identity.host,
                            _environment(settings, backend))
         key = request_key(source, request.options, chosen, request.context)
-        path = store.entry_path(identity.producer, chosen, key, chosen.output_kind)
-        found = _valid(store.read(path, key, chosen.output_kind, True, True), path, store, False, True)
+        entry = layout.entry_name(producer, chosen, key, chosen.output_kind)
+        found = _valid(store.read(entry, key, chosen.output_kind, True, True), entry, store, False, True)
         if found is not None:
-            log.debug("ptxbackend: no compiler; cache hit from %s", identity.producer)
-            artifact = Artifact(found[0], chosen.output_kind, chosen, identity.producer, key, path, True,
+            log.debug("ptxbackend: no compiler; cache hit from %s", producer)
+            artifact = Artifact(found[0], chosen.output_kind, chosen, producer, key, entry, True,
                                 reason + " (cached; no compiler on this machine)", cc, store)
             artifact.deps = found[2]
             return artifact
@@ -486,46 +497,9 @@ def _from_cache_only(store, settings, source, options, name, source_dir, cc, mis
         "build box with the same kernels, or install a compiler." % (missing, store.root))
 
 
-def loadable_image(artifact, cubin_cache=None):
-    """The bytes to hand to ``cuModuleLoadData`` for the current device, and their kind.
-
-    For PTX with the cubin level on, this is the driver's JIT output for this
-    device and driver, from the cache or linked now and stored: the JIT is paid
-    once per machine, not once per process.  ``cubin_cache`` defaults to the
-    PTXBACKEND_CUBIN_CACHE setting in force when the artifact was compiled.
-    """
-    if cubin_cache is None:
-        cubin_cache = artifact.cubin_cache
-    if artifact.kind != "ptx" or not cubin_cache or artifact.store is None:
-        return artifact.image, artifact.kind
-    cc = _current_device_cc()
-    if artifact.jit is not None and artifact.jit[0] == cc:
-        return artifact.jit[2], "cubin"
-    store = artifact.store
-    path = _jit_path(artifact)
-    found = store.read(path, artifact.key, "cubin", False, True)
-    # Linked from the PTX of the same compile only: a recompile after a header changed keeps the key.
-    if found is not None and found[2] == artifact.deps:
-        return found[0], "cubin"
-    cubin = driver.link_ptx(artifact.image)
-    try:
-        store.write(path, cubin, _metadata(artifact.key, artifact.target, artifact.producer, (), "jit",
-                                           device_cc=cc, driver=driver.driver_build()), artifact.deps)
-    except OSError as exc:
-        store.note_unwritable(exc)
-    return cubin, "cubin"
-
-
-def _jit_path(artifact):
-    return artifact.store.jit_path(artifact.producer, artifact.target, artifact.key, _current_device_cc(),
-                                   driver.driver_build())
-
-
-def discard_jit(artifact, why):
-    """Remove the cached JIT cubin of a PTX ``artifact`` for the current device (the driver rejected it)."""
-    artifact.jit = None
-    if artifact.kind == "ptx" and artifact.store is not None:
-        artifact.store._discard(_jit_path(artifact), why)
+#: Kept for callers of 0.3: the image step lives in :mod:`ptxbackend.image`.
+loadable_image = image_step.loadable_image
+discard_jit = image_step.discard_jit
 
 
 def load(artifact_or_source, options=(), **compile_args):
@@ -538,32 +512,11 @@ def load(artifact_or_source, options=(), **compile_args):
     artifact = artifact_or_source
     if not isinstance(artifact, Artifact):
         artifact = compile(artifact_or_source, options, **compile_args)
-    image, kind = loadable_image(artifact)
-    try:
-        module = driver.load_module(image, kind)
-    except DriverError as exc:
-        if kind == "cubin" and artifact.kind == "ptx":
-            log.warning("ptxbackend: cached JIT cubin for %s rejected by the driver (%s); rebuilding",
-                        artifact.key[:12], exc.name)
-            discard_jit(artifact, "rejected by the driver")
-            image, kind = loadable_image(artifact)
-            module = driver.load_module(image, kind)
-        else:
-            raise
+    module = image_step.load(artifact, driver.load_module)
     module.artifact = artifact
     return module
 
 
 def _reset_for_tests():
-    global temporary_cache_fallback
-    temporary_cache_fallback = True
-    with _lock:
-        _stores.clear()
-        _compilers.clear()
-        _device_ccs.clear()
-        _choices.clear()
-        _prepared.clear()
-        _requests.clear()
-        _settled.clear()
-        _warned.clear()
+    state.reset()
     deps.forget()

@@ -212,3 +212,9 @@ def cache_files(root):
         found.extend(os.path.join(base, f) for f in files
                      if f.endswith((".ptx", ".cubin", ".fatbin")) or f.startswith(".tmp-"))
     return sorted(found)
+
+
+def store_name(cache, path):
+    """The name (as stores know it) of a file in ``cache``'s local store."""
+    base = getattr(cache, "local", cache).base
+    return os.path.relpath(path, base).replace(os.sep, "/")

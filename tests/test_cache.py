@@ -5,7 +5,8 @@ import stat
 
 import pytest
 
-from ptxbackend.cache import DirectoryStore, entry, request_key
+from ptxbackend.cache import DirectoryStore, entry, layout, request_key
+from ptxbackend.cache.entries import EntryCache
 from ptxbackend.compilers.options import read_path_options
 from ptxbackend.errors import CacheError
 from ptxbackend.targets import parse_target
@@ -108,12 +109,14 @@ def test_relative_paths_in_options_are_made_absolute(tmp_path):
 
 def test_store_write_read_and_private_modes(tmp_path):
     store = DirectoryStore(str(tmp_path / "c"))
-    path = store.entry_path("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, "ptx")
+    cache = EntryCache(store)
+    name = layout.entry_name("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, "ptx")
+    path = store.path_of(name)
     assert "/v3/nvcc-13.0.88/compute_75/ab/" + "ab" + "0" * 62 + ".ptx" in path
-    jit = store.jit_path("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, 90, "580.1")
+    jit = store.path_of(layout.jit_name("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, 90, "580.1"))
     assert jit.endswith("/v3/nvcc-13.0.88/compute_75/jit/sm_90-580.1/ab/" + "ab" + "0" * 62 + ".cubin")
-    store.write(path, b"ptx text", {"key": "ab" + "0" * 62, "kind": "ptx"})
-    assert store.read(path, "ab" + "0" * 62, "ptx")[0] == b"ptx text"
+    cache.write(name, b"ptx text", {"key": "ab" + "0" * 62, "kind": "ptx"})
+    assert cache.read(name, "ab" + "0" * 62, "ptx")[0] == b"ptx text"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(store.base).st_mode) == 0o700
     assert [p for p, _s, _m in store.entries()] == [path]
@@ -121,22 +124,23 @@ def test_store_write_read_and_private_modes(tmp_path):
 
 
 def test_store_discards_corrupt_and_planted_entries(tmp_path):
-    store = DirectoryStore(str(tmp_path / "c"))
+    store = EntryCache(DirectoryStore(str(tmp_path / "c")))
     key = "cd" + "1" * 62
-    path = store.entry_path("p-1", parse_target("sm_90"), key, "cubin")
-    store.write(path, b"\x7fELF...", {"key": key, "kind": "cubin"})
+    name = layout.entry_name("p-1", parse_target("sm_90"), key, "cubin")
+    path = store.path_of(name)
+    store.write(name, b"\x7fELF...", {"key": key, "kind": "cubin"})
     with open(path, "r+b") as handle:
         handle.seek(-2, os.SEEK_END)
         handle.write(b"!!")
-    assert store.read(path, key, "cubin") is None
+    assert store.read(name, key, "cubin") is None
     assert not os.path.exists(path)
     secret = tmp_path / "secret"
     secret.write_bytes(b"not yours")
     os.symlink(str(secret), path)
-    assert store.read(path, key, "cubin") is None
+    assert store.read(name, key, "cubin") is None
     assert not os.path.lexists(path) and secret.read_bytes() == b"not yours"
     os.makedirs(path)
-    assert store.read(path, key, "cubin") is None
+    assert store.read(name, key, "cubin") is None
     assert not os.path.exists(path)
 
 
@@ -154,8 +158,9 @@ def test_prune_removes_least_recently_used(tmp_path):
     paths = []
     for i in range(10):
         key = "%02x" % i + "0" * 62
-        path = store.entry_path("p-1", parse_target("compute_75"), key, "ptx")
-        store.write(path, b"x" * 1000, {"key": key, "kind": "ptx"})
+        path = store.path_of(layout.entry_name("p-1", parse_target("compute_75"), key, "ptx"))
+        EntryCache(store).write(layout.entry_name("p-1", parse_target("compute_75"), key, "ptx"), b"x" * 1000,
+                                {"key": key, "kind": "ptx"})
         os.utime(path, (1000 + i, 1000 + i))
         paths.append(path)
     one = os.path.getsize(paths[0])
@@ -167,8 +172,9 @@ def test_prune_removes_least_recently_used(tmp_path):
 def test_verify_reports_bad_entries(tmp_path):
     store = DirectoryStore(str(tmp_path / "c"))
     key = "ee" + "2" * 62
-    path = store.entry_path("p-1", parse_target("compute_75"), key, "ptx")
-    store.write(path, b"ok", {"key": key, "kind": "ptx"})
+    name = layout.entry_name("p-1", parse_target("compute_75"), key, "ptx")
+    path = store.path_of(name)
+    EntryCache(store).write(name, b"ok", {"key": key, "kind": "ptx"})
     assert store.verify() == (1, [])
     with open(path, "ab") as handle:
         handle.write(b"junk")
@@ -178,14 +184,14 @@ def test_verify_reports_bad_entries(tmp_path):
 
 def test_identity_is_written_once(tmp_path):
     from ptxbackend.compilers.base import CompilerIdentity
-    store = DirectoryStore(str(tmp_path / "c"))
+    store = EntryCache(DirectoryStore(str(tmp_path / "c")))
     identity = CompilerIdentity("nvcc", "/x/nvcc", "11.2.152", (61, 86), (61, 86), True)
-    store.save_identity(identity)
-    path = os.path.join(store.base, "nvcc-11.2.152", "identity.json")
+    store.save_producer(identity.producer, identity.producer_record())
+    path = os.path.join(store.local.base, "nvcc-11.2.152", "identity.json")
     os.utime(path, (1, 1))
-    store.save_identity(identity)
+    store.save_producer(identity.producer, identity.producer_record())
     assert os.stat(path).st_mtime == 1  # unchanged identity: not rewritten
-    assert [i.producer_record() for i in store.identities()] == [identity.producer_record()]
+    assert store.producer_records() == [("nvcc-11.2.152", identity.producer_record())]
     # A producer record is data for choosing targets: it names no program or library of this machine.
     assert "/x/nvcc" not in open(path).read()
 

@@ -269,7 +269,7 @@ def test_cupys_own_entry_point_compiles_through_ptxbackend(compiler, nvcc13, mon
     assert b".target sm_75" in artifact.image and b"ptxb_scale" in artifact.image
     assert _cache_files(".ptx") == [artifact.path]
     assert os.sep + "compute_75" + os.sep in artifact.path
-    options = artifact.store.read(artifact.path, artifact.key, "ptx")[1]["options"]
+    options = artifact.store.read(artifact.name, artifact.key, "ptx")[1]["options"]
     assert options == list(core.assemble_cupy_compiler_options(())) + ["-ftz=true"]
 
     core.compile_with_cache(KERNEL)

@@ -13,7 +13,7 @@ import pytest
 
 import ptxbackend
 from ptxbackend import driver
-from ptxbackend.cache import entry
+from ptxbackend.cache import entry, layout
 from ptxbackend.errors import DriverError
 from conftest import SAXPY, run_python
 
@@ -91,7 +91,7 @@ def test_wrong_arch_cubin_planted_at_jit_level_is_rebuilt(nvcc13):
     art = ptxbackend.compile(SAXPY, target="compute_75")
     ptxbackend.load(art)  # creates the JIT level entry
     cc = driver.compute_capability(driver.current_device())
-    jit_path = art.store.jit_path(art.producer, art.target, art.key, cc, driver.driver_build())
+    jit_path = art.store.path_of(layout.jit_name(art.producer, art.target, art.key, cc, driver.driver_build()))
     assert os.path.exists(jit_path)
     other = "sm_80" if cc >= 90 else "sm_90"
     wrong = ptxbackend.compile(SAXPY, target=other, device_cc=other[3] + "." + other[4])
@@ -107,9 +107,10 @@ def test_second_process_loads_cached_cubin_without_jit(nvcc112):
     code = r'''
 import json, os, time, ptxbackend
 from ptxbackend import driver
+from ptxbackend.cache import layout
 art = ptxbackend.compile(%r)
 cc = driver.compute_capability(driver.current_device())
-jit = art.store.jit_path(art.producer, art.target, art.key, cc, driver.driver_build())
+jit = art.store.path_of(layout.jit_name(art.producer, art.target, art.key, cc, driver.driver_build()))
 had = os.path.exists(jit)
 driver.ensure_context()  # time the load alone, not the context creation
 t = time.perf_counter(); ptxbackend.load(art); load_ms = (time.perf_counter() - t) * 1e3

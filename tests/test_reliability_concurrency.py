@@ -80,9 +80,9 @@ def test_sixteen_processes_fifty_kernels_cold_compile_each_kernel_once(logging_n
     assert disagreements == 0
 
 
-def _hold_lock(store_root, entry_path):
+def _hold_lock(store_root, entry_name):
     env = dict(os.environ, PYTHONPATH=REPO)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, store_root, entry_path], env=env,
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, store_root, entry_name], env=env,
                               stdout=subprocess.PIPE, universal_newlines=True)
     assert holder.stdout.readline().strip() == "locked"
     return holder
@@ -96,10 +96,10 @@ def test_lock_left_by_a_killed_process_does_not_block(logging_nvcc, monkeypatch)
     monkeypatch.setenv("PTXBACKEND_LOCK_TIMEOUT", "0")
     art = ptxbackend.compile(kernel(1000), target="compute_75")
     os.unlink(art.path)  # the next compile misses and needs the lock
-    holder = _hold_lock(art.store.root, art.path)
+    holder = _hold_lock(art.store.root, art.name)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    lock_path = art.store._lock_path(art.path)
+    lock_path = art.store.local._lock_path(art.name)
     assert os.path.exists(lock_path)  # the killed holder's lock file is still there
     started = time.time()
     again = ptxbackend.compile(kernel(1000), target="compute_75")
@@ -111,7 +111,7 @@ def test_lock_left_by_a_killed_process_does_not_block(logging_nvcc, monkeypatch)
 def test_lock_held_by_a_live_process_gives_a_clear_error_after_the_timeout(nvcc13, monkeypatch):
     art = ptxbackend.compile(kernel(2000), target="compute_75")
     os.unlink(art.path)
-    holder = _hold_lock(art.store.root, art.path)
+    holder = _hold_lock(art.store.root, art.name)
     try:
         monkeypatch.setenv("PTXBACKEND_LOCK_TIMEOUT", "1")
         engine._reset_for_tests()  # a process started with the setting
@@ -121,7 +121,7 @@ def test_lock_held_by_a_live_process_gives_a_clear_error_after_the_timeout(nvcc1
         waited = time.time() - started
         message = str(info.value)
         assert "waited 1 s" in message and "PTXBACKEND_LOCK_TIMEOUT" in message
-        assert art.store._lock_path(art.path) in message and "another process" in message
+        assert art.store.local._lock_path(art.name) in message and "another process" in message
         assert not os.path.exists(art.path)  # nothing half-done was filed
     finally:
         holder.kill()

@@ -16,7 +16,7 @@ import struct
 
 import pytest
 
-from conftest import figures, Captured
+from conftest import Captured, figures, store_name
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ptxbackend
@@ -220,7 +220,7 @@ def test_fuzzed_entries_are_always_detected_reported_once_and_rebuilt(real_entri
         with captured("ptxbackend.cache", quiet=True) as records:
             try:
                 with no_hang():
-                    found = store.read(me["path"], me["key"], me["kind"])  # what compile() does first
+                    found = store.read(store_name(store, me["path"]), me["key"], me["kind"])  # what compile() does first
             except Hang:
                 failures.append((name, "hung", None))
                 plant(me["path"], b"")  # unblock the rest of the run
@@ -233,8 +233,8 @@ def test_fuzzed_entries_are_always_detected_reported_once_and_rebuilt(real_entri
         else:
             reasons[reason_of(warnings[0])] += 1
         # The rebuild: what compile() does after a miss, then a hit must give the right bytes.
-        store.write(me["path"], me["payload"], me["meta"])
-        again = store.read(me["path"], me["key"], me["kind"])
+        store.write(store_name(store, me["path"]), me["payload"], me["meta"])
+        again = store.read(store_name(store, me["path"]), me["key"], me["kind"])
         if again is None or again[0] != me["payload"]:
             failures.append((name, "not rebuilt", None))
         tally[name] += 1

@@ -22,8 +22,7 @@ import pytest
 import ptxbackend
 from ptxbackend import engine
 from ptxbackend.cache import entry
-from ptxbackend.cache.store import LAYOUT
-from conftest import REPO, figures
+from conftest import REPO, figures, store_name
 
 pytestmark = pytest.mark.reliability
 
@@ -95,7 +94,7 @@ def _write_and_die(store, path, payload, meta, stage, cut):
         if stage == STAGES[1]:
             os.fdopen = lambda fd, *a, **k: TornFile(real_fdopen(fd, *a, **k))
         os.replace = replace
-        store.write(path, payload, meta)
+        store.write(store_name(store, path), payload, meta)
     finally:
         os._exit(1)  # not reached: the kill comes first
 
@@ -126,7 +125,7 @@ def test_store_writer_killed_hundreds_of_times_leaves_no_bad_entry(nvcc13):
         temp_left += len(new_tmp)
         # Only a kill between the temporary file's creation and the rename leaves one behind.
         assert len(new_tmp) == (1 if stage in STAGES[1:3] else 0), stage
-        found = store.read(path, key, kind)
+        found = store.read(store_name(store, path), key, kind)
         if found is None:
             absent += 1
             torn += os.path.exists(path)  # a file there that did not verify: a torn write
@@ -139,9 +138,9 @@ def test_store_writer_killed_hundreds_of_times_leaves_no_bad_entry(nvcc13):
     old = time.time() - 7200
     for path in known_tmp:
         os.utime(path, (old, old))
-    store.prune()
+    store.local.prune()
     left = temporaries(store.root)
-    good, bad = store.verify()
+    good, bad = store.local.verify()
     figures("crash mid-write (store)", kills=STORE_KILLS, killed_mid_write=landed[STAGES[1]] + landed[STAGES[2]],
             reads=present + absent, whole=present, absent=absent, torn=torn, corrupt_loads=corrupt_loads,
             verify_bad=len(bad), temp_files_reclaimed=temp_left - len(left), seed=seed,

@@ -21,8 +21,8 @@ import pytest
 
 import ptxbackend
 from ptxbackend import config, engine
-from ptxbackend.cache import entry
-from conftest import Captured, REPO, cache_files, count_calls, figures
+from ptxbackend.cache import entry, layout
+from conftest import Captured, REPO, cache_files, count_calls, figures, store_name
 
 pytestmark = pytest.mark.reliability
 
@@ -219,7 +219,8 @@ def test_write_past_file_size_limit_leaves_no_partial_entry(nvcc13, tmp_path):
     """RLIMIT_FSIZE makes the write fail (EFBIG) on any machine, root or not, mount or not."""
     art = ptxbackend.compile(kernel("big"), target="sm_75", device_cc="7.5")  # whatever GPU is here
     store = art.store
-    targets = [store.entry_path("nvcc-test", art.target, "%02x" % i + art.key[2:], "cubin") for i in range(20)]
+    targets = [store.path_of(layout.entry_name("nvcc-test", art.target, "%02x" % i + art.key[2:], "cubin"))
+               for i in range(20)]
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: limited, so only it fails
@@ -230,7 +231,7 @@ def test_write_past_file_size_limit_leaves_no_partial_entry(nvcc13, tmp_path):
             resource.setrlimit(resource.RLIMIT_FSIZE, (len(art.image) // 2, resource.RLIM_INFINITY))
             for path in targets:
                 try:
-                    store.write(path, art.image, {"key": os.path.basename(path)[:64], "kind": "cubin"})
+                    store.write(store_name(store, path), art.image, {"key": os.path.basename(path)[:64], "kind": "cubin"})
                     errors.append("written")
                 except OSError as exc:
                     errors.append(errno.errorcode.get(exc.errno, str(exc.errno)))
@@ -267,9 +268,9 @@ def test_symlink_planted_at_an_entry_is_never_followed(nvcc13, tmp_path):
     # A write over a planted link replaces the link, never what it points to.
     os.unlink(art.path)
     os.symlink(str(victim), art.path)
-    art.store.write(art.path, art.image, {"key": art.key, "kind": "ptx"})
+    art.store.write(art.name, art.image, {"key": art.key, "kind": "ptx"})
     assert not os.path.islink(art.path) and victim.read_bytes() == original
-    assert art.store.read(art.path, art.key, "ptx")[0] == art.image
+    assert art.store.read(art.name, art.key, "ptx")[0] == art.image
     figures("symlink at entry path", reads_followed=0, writes_through=0, warnings=len(log.warnings()))
 
 
@@ -278,7 +279,7 @@ def test_symlink_planted_at_a_lock_path_is_never_written_through(logging_nvcc, t
     monkeypatch.setenv("PTXBACKEND_NVCC", wrapper)
     art = ptxbackend.compile(kernel("lock"), target="compute_75")
     os.unlink(art.path)  # the next compile misses and takes the lock
-    lock_path = art.store._lock_path(art.path)
+    lock_path = art.store.local._lock_path(art.name)
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
     if os.path.lexists(lock_path):
@@ -364,7 +365,7 @@ def test_cache_dir_of_another_user_or_writable_by_others_is_refused(nvcc13, tmp_
     art = ptxbackend.compile(kernel("shared"), target="compute_75")
     with open(art.path, "wb") as handle:
         handle.write(_forged(art))
-    base = art.store.base
+    base = art.store.local.base
     if how == "other owner":
         for where, _dirs, files in os.walk(base):
             for name in [where] + [os.path.join(where, f) for f in files]:

@@ -10,6 +10,13 @@ fleet-wide server get the very same checks.
 import contextlib
 
 
+class UnusableValue(Exception):
+    """Something is stored under a name but must not be used (planted, unreadable, someone else's).
+
+    The message says why; the layer above discards it with a warning and rebuilds.
+    """
+
+
 class Store(object):
     """The interface.  A backend overrides ``get``, ``put`` and ``delete``; the rest is optional."""
 

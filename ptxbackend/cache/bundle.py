@@ -25,7 +25,8 @@ import tempfile
 import time
 import zlib
 
-from .. import __version__, _fsutil
+from .. import _fsutil
+from .._version import __version__
 from ..errors import CacheError
 from . import entry as entry_format
 from .keys import SCHEMA_VERSION
@@ -41,7 +42,7 @@ MAX_TOTAL = 4 << 30
 
 
 def _identity_files(store):
-    for producer in store._producers():
+    for producer in store.producers():
         path = os.path.join(store.base, producer, "identity.json")
         if os.path.isfile(path) and not os.path.islink(path):
             yield path

@@ -27,8 +27,10 @@ against 12 us.
 
 import json
 import struct
+import time
 import zlib
 
+from .._version import __version__
 from .keys import SCHEMA_VERSION
 
 MAGIC = b"PTXB"
@@ -116,3 +118,15 @@ def decode_all(blob, expect_key=None, expect_kind=None, with_metadata=True):
     if not isinstance(metadata, dict):
         raise CorruptEntry("metadata is not an object")
     return payload, metadata, deps
+
+
+def metadata(key, target, producer, options, level, **extra):
+    """The metadata every entry carries: what it is, what made it, and when.
+
+    ``level`` is ``'compile'`` (compiler output) or ``'jit'`` (the driver's cubin of a PTX entry).
+    """
+    meta = {"key": key, "kind": "cubin" if level == "jit" else target.output_kind,
+            "target": str(target), "producer": producer, "options": [str(o) for o in options],
+            "level": level, "created": time.time(), "ptxbackend": __version__}
+    meta.update(extra)
+    return meta

@@ -1,23 +1,19 @@
-"""A cache store in a local directory.
+"""The local cache store: a directory, one file per name.
 
-Layout under the root (``v3`` is the schema version)::
+Under the root, ``v3/`` (:data:`~.layout.LAYOUT`) holds the names of :mod:`.layout`
+as paths, plus what only a local store has::
 
-    v3/<producer>/<target>/<kk>/<key>.<kind>                      compiler output
-    v3/<producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin  the driver's JIT of a PTX entry
-    v3/<producer>/identity.json                                   what that producer can emit
-    v3/locks/<kk>/<hash>.lock                                     one lock per entry path
-    v3/meta/compilers/                                            this machine's compiler identities
-    v3/sysdeps/<kk>/<sha256>.json                                 toolkit headers a compile read, by digest
+    v3/locks/<kk>/<hash>.lock      one flock per name, taken by a miss
+    v3/meta/compilers/             this machine's compiler identities (never exported)
 
-Reads take no lock: entries are renamed into place whole, so a reader sees a
-complete file or none.  Only a miss takes the entry's lock, with a bounded
-wait, and looks again once it holds it.
+Reads take no lock: files are renamed into place whole, so a reader sees a
+complete file or none.  Only a miss takes the name's lock, with a bounded
+wait.  Maintenance (``entries``, ``verify``, ``prune``) is this store's own.
 """
 
 import contextlib
 import errno
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -27,12 +23,12 @@ import time
 from .. import _fsutil
 from ..errors import CacheError
 from . import entry as entry_format
+from .base import Store, UnusableValue
 from .keys import SCHEMA_VERSION
+from .layout import KINDS as KIND_SUFFIXES, LAYOUT, RESERVED
 
 log = logging.getLogger("ptxbackend.cache")
-
-LAYOUT = "v%d" % SCHEMA_VERSION
-KIND_SUFFIXES = ("ptx", "cubin", "fatbin")
+_ENTRY_ENDINGS = tuple("." + kind for kind in KIND_SUFFIXES)
 _TOUCH_AFTER = 3600.0  # refresh an entry's mtime (its LRU age) at most hourly
 _PRUNE_EVERY = 300.0   # look at the total size at most every five minutes, on writes
 
@@ -86,8 +82,8 @@ def _check_parents(path):
         current = parent
 
 
-class DirectoryStore(object):
-    """Entries in a local directory: atomic writes, per-entry locks, LRU pruning."""
+class DirectoryStore(Store):
+    """Names as files under a local directory: atomic writes, per-name locks, LRU pruning."""
 
     def __init__(self, root, max_size=1 << 30, lock_timeout=600.0):
         self.root = os.path.abspath(root)
@@ -109,177 +105,106 @@ class DirectoryStore(object):
             raise CacheError("cache directory %s is not writable. Set PTXBACKEND_CACHE_DIR to a "
                              "writable directory." % self.base)
 
-    # -- paths ---------------------------------------------------------------------------------
-    def entry_path(self, producer, target, key, kind):
-        return self._dir(producer, target) + key[:2] + os.sep + key + "." + kind
+    @property
+    def description(self):
+        return self.root
 
-    def jit_path(self, producer, target, key, device_cc, driver_build):
-        return self._dir(producer, target, device_cc, driver_build) + key[:2] + os.sep + key + ".cubin"
+    def path_of(self, name):
+        """The file that holds ``name``."""
+        return self.base + os.sep + name.replace("/", os.sep)
 
-    def _dir(self, producer, target, device_cc=None, driver_build=None):
-        """The directory (with a trailing separator) of a producer's entries for a target."""
-        marker = (producer, target, device_cc, driver_build)
-        found = self._dirs.get(marker)
-        if found is None:
-            # Every warm kernel needs two paths: join the constant part once.
-            parts = [self.base, producer, str(target)]
-            if device_cc is not None:
-                parts += ["jit", "sm_%d-%s" % (device_cc, driver_build)]
-            found = os.path.join(*parts) + os.sep
-            if len(self._dirs) > 1024:
-                self._dirs.clear()
-            self._dirs[marker] = found
-        return found
+    def _lock_path(self, name):
+        digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
+        return os.path.join(self.base, "locks", digest[:2], digest + ".lock")
 
-    def _lock_path(self, path):
-        name = hashlib.sha256(os.path.relpath(path, self.base).encode("utf-8")).hexdigest()
-        return os.path.join(self.base, "locks", name[:2], name + ".lock")
+    # -- the Store interface -------------------------------------------------------------------
+    def get(self, name):
+        """The bytes of ``name``, or ``None`` when absent.
 
-    # -- entries -------------------------------------------------------------------------------
-    def read(self, path, key, kind, with_metadata=True, with_deps=False):
-        """Return ``(payload, metadata)`` for a valid entry, or ``None``.
-
-        A corrupt, truncated, foreign or planted (symlink, directory) entry is
-        removed with a warning, so the caller rebuilds it.  ``with_metadata=False``
-        returns ``None`` for the metadata and spares parsing it; ``with_deps``
-        adds the dependency section as a third item.
+        Only a regular file of yours that nobody else can write is read, without following a
+        symlink; anything else there raises :class:`UnusableValue` (the caller discards it).
         """
+        path = self.path_of(name)
         try:
             blob, st = _fsutil.read_file_and_stat(path)
         except _fsutil.UnsafeFile as exc:
-            self._discard(path, exc.strerror)
-            return None
+            raise UnusableValue(exc.strerror)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return None
-            self._discard(path, "cannot be read (%s)" % (exc.strerror or exc))
-            return None
-        try:
-            found = entry_format.decode_all(blob, key, kind, with_metadata)
-        except entry_format.CorruptEntry as exc:
-            self._discard(path, str(exc))
-            return None
-        self._touch(path, st.st_mtime)
-        return found if with_deps else found[:2]
+            raise UnusableValue("cannot be read (%s)" % (exc.strerror or exc))
+        if time.time() - st.st_mtime > _TOUCH_AFTER and name.endswith(_ENTRY_ENDINGS):  # LRU age for prune
+            try:
+                os.utime(path, None)
+            except OSError:
+                pass
+        return blob
 
-    def write(self, path, payload, metadata, deps=b""):
-        """Store an entry atomically; prune now and then.  Raises ``OSError`` (e.g. ENOSPC)."""
+    def put(self, name, blob):
+        """Write ``name`` atomically; prune now and then.  Raises ``OSError`` (e.g. ENOSPC)."""
+        path = self.path_of(name)
         _fsutil.make_private_dirs(os.path.dirname(path))
-        _fsutil.write_atomic(path, entry_format.encode(payload, metadata, deps))
+        _fsutil.write_atomic(path, blob)
         self._maybe_prune()
 
-    def note_unwritable(self, exc):
-        """Warn once per store that the cache cannot be written; the caller carries on without it."""
-        if not self._unwritable_reported:
-            self._unwritable_reported = True
-            log.warning("ptxbackend: cannot write to the cache at %s: %s; kernels will be compiled "
-                        "again next time.", self.root, exc)
-
-    def _discard(self, path, why):
-        log.warning("ptxbackend: discarding cache entry %s: %s; it will be rebuilt", path, why)
+    def delete(self, name):
+        path = self.path_of(name)
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)  # a directory planted where a file belongs
         else:
             _fsutil.remove_quietly(path)
 
-    def _touch(self, path, mtime):
-        try:
-            if time.time() - mtime > _TOUCH_AFTER:
-                os.utime(path, None)
-        except OSError:
-            pass
-
     @contextlib.contextmanager
-    def lock(self, path):
-        """Hold the lock of the entry at ``path`` (bounded wait: ``lock_timeout`` seconds)."""
-        lock_path = self._lock_path(path)
-        try:
-            _fsutil.make_private_dirs(os.path.dirname(lock_path))
-            if os.path.islink(lock_path):
-                log.warning("ptxbackend: removing a symlink planted at lock path %s", lock_path)
-                _fsutil.remove_quietly(lock_path)
-            held = self._acquire(lock_path)
-        except OSError as exc:
-            # A read-only or full cache cannot hold a lock file.  Compiling unlocked costs at
-            # most a duplicate compile (writes stay atomic); failing would stop the program.
-            self.note_unwritable(exc)
-            held = None
-        try:
-            yield
-        finally:
-            if held is not None:
-                held.__exit__(None, None, None)
+    def lock(self, name, timeout=None):
+        """Hold the lock of ``name``, waiting at most ``timeout`` (default ``lock_timeout``) seconds.
 
-    def _acquire(self, lock_path):
-        """An entered context manager holding ``lock_path``; CacheError after ``lock_timeout``."""
+        Raises :class:`CacheError` when the wait runs out (a stuck process must be named, not
+        waited on forever) and ``OSError`` when the lock file cannot be created at all.
+        """
+        lock_path = self._lock_path(name)
+        _fsutil.make_private_dirs(os.path.dirname(lock_path))
+        if os.path.islink(lock_path):
+            log.warning("ptxbackend: removing a symlink planted at lock path %s", lock_path)
+            _fsutil.remove_quietly(lock_path)
+        held = self._acquire(lock_path, self.lock_timeout if timeout is None else timeout)
+        try:
+            yield True
+        finally:
+            held.__exit__(None, None, None)
+
+    def _acquire(self, lock_path, timeout):
+        """An entered context manager holding ``lock_path``; CacheError after ``timeout``."""
         if _fsutil.fcntl is not None:
             # A bare flock: filelock's general machinery costs about 0.3 ms per miss.
-            held, timeout_error = _fsutil.exclusive_lock(lock_path, self.lock_timeout), _fsutil.LockTimeout
+            held, timeout_error = _fsutil.exclusive_lock(lock_path, timeout), _fsutil.LockTimeout
         else:
             import filelock
-            held, timeout_error = filelock.FileLock(lock_path, timeout=self.lock_timeout), filelock.Timeout
+            held, timeout_error = filelock.FileLock(lock_path, timeout=timeout), filelock.Timeout
         try:
             held.__enter__()
         except timeout_error:
             raise CacheError(
                 "waited %.0f s for the cache lock %s (another process is compiling the same "
                 "kernel, or is stuck). Raise PTXBACKEND_LOCK_TIMEOUT, or stop the other process."
-                % (self.lock_timeout, lock_path))
+                % (timeout, lock_path))
         return held
 
-    # -- the toolkit's own headers, shared by the entries that read them ----------------------------
-    def _system_path(self, digest):
-        return os.path.join(self.base, "sysdeps", digest[:2], digest + ".json")
+    def list(self, prefix=""):
+        """Names under ``prefix`` (files only, temporary files and this store's own trees left out)."""
+        with self._base_fd() as base_fd:
+            for _dir_fd, relative, name, st in self._files(base_fd, include_sysdeps=True):
+                if stat_module.S_ISREG(st.st_mode) and not name.startswith(".tmp-"):
+                    found = relative.replace(os.sep, "/")
+                    if found.startswith(prefix):
+                        yield found
 
-    def save_system_deps(self, digest, blob):
-        """Keep a system-header list under its digest (once: the same content has the same name)."""
-        path = self._system_path(digest)
-        if os.path.exists(path):
-            return
-        _fsutil.make_private_dirs(os.path.dirname(path))
-        _fsutil.write_atomic(path, blob)
-
-    def load_system_deps(self, digest):
-        """The system-header list named ``digest``, or ``None`` (the caller checks the digest)."""
-        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
-            return None
-        try:
-            return _fsutil.read_file(self._system_path(digest))
-        except OSError:
-            return None
-
-    # -- producers -----------------------------------------------------------------------------
-    def save_identity(self, identity):
-        """Record what a producer can emit, so a machine without it can still resolve targets."""
-        path = os.path.join(self.base, identity.producer, "identity.json")
-        blob = json.dumps(identity.producer_record(), sort_keys=True).encode("utf-8")
-        try:
-            if _fsutil.read_file(path) == blob:
-                return  # the usual case: written by an earlier miss; spare the fsync
-        except OSError:
-            pass
-        _fsutil.make_private_dirs(os.path.dirname(path))
-        _fsutil.write_atomic(path, blob)
-
-    def identities(self):
-        """``CompilerIdentity`` of every producer that has entries here, newest first."""
-        from ..compilers.base import CompilerIdentity
-        found = []
-        for producer in self._producers():
-            try:
-                data = json.loads(_fsutil.read_file(
-                    os.path.join(self.base, producer, "identity.json")).decode("utf-8"))
-                found.append(CompilerIdentity.from_json(data))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-        return found
-
-    def _producers(self, base_fd=None):
+    def producers(self, base_fd=None):
+        """The producers this store has files of, newest first (by name)."""
         try:
             names = os.listdir(self.base if base_fd is None else base_fd)
         except OSError:
             return []
-        return sorted((n for n in names if n not in ("locks", "meta") and "-" in n), reverse=True)
+        return sorted((n for n in names if n not in RESERVED and "-" in n), reverse=True)
 
     # -- maintenance ---------------------------------------------------------------------------
     # Walked and changed through descriptors of this cache's own directories (_fsutil.walk_files):
@@ -296,9 +221,9 @@ class DirectoryStore(object):
         finally:
             os.close(fd)
 
-    def _files(self, base_fd):
+    def _files(self, base_fd, include_sysdeps=False):
         """Yield ``(directory_fd, relative_path, name, stat)`` of every file below a producer."""
-        for producer in self._producers(base_fd):
+        for producer in self.producers(base_fd) + (["sysdeps"] if include_sysdeps else []):
             for dir_fd, relative_dir, name, st in _fsutil.walk_files(base_fd, producer):
                 yield dir_fd, os.path.join(relative_dir, name), name, st
 

@@ -1,0 +1,210 @@
+"""Entries over stores: the checks every store gets, and the tiers (local first, then the fleet).
+
+A store hands back opaque bytes; here they are decoded and verified (header,
+lengths, CRC-32, the key and kind the name claims) before anyone sees them, and
+whatever fails is discarded with one warning and rebuilt.  With a fleet store,
+a local miss asks the remote; a verified remote hit is written to the local
+store, so the next start is a local hit; what is compiled here is uploaded
+(best effort).  A remote can only ever cost a miss: its failures never reach
+the caller.
+"""
+
+import contextlib
+import json
+import logging
+
+from . import entry as entry_format
+from . import layout
+from .base import UnusableValue
+
+log = logging.getLogger("ptxbackend.cache")
+
+#: The longest a miss waits for another machine compiling the same kernel before compiling it too.
+REMOTE_LOCK_WAIT = 60.0
+
+
+class EntryCache(object):
+    """Verified entries over a local store and, optionally, a fleet store."""
+
+    def __init__(self, local, remote=None):
+        self.local = local
+        self.remote = remote
+        self.root = getattr(local, "root", None)
+        self.meta_dir = getattr(local, "meta_dir", None)
+        self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0, "uploads": 0, "discarded": 0}
+        self._unwritable_reported = False
+
+    def path_of(self, name):
+        return self.local.path_of(name)
+
+    # -- entries -------------------------------------------------------------------------------
+    def read(self, name, key, kind, with_metadata=True, with_deps=False):
+        """``(payload, metadata[, deps])`` of a valid entry, or ``None``.
+
+        A corrupt, truncated, foreign or planted entry is discarded with a warning, so the
+        caller rebuilds it.  ``with_metadata=False`` spares parsing the metadata (``None`` in
+        its place); ``with_deps`` adds the dependency section.
+        """
+        found = self._decoded(self.local, name, key, kind, with_metadata)
+        if found is not None:
+            self.counters["local_hits"] += 1
+        elif self.remote is not None:
+            found = self._remote_entry(name, key, kind, with_metadata)
+        if found is None:
+            self.counters["misses"] += 1
+            return None
+        return found if with_deps else found[:2]
+
+    def _decoded(self, store, name, key, kind, with_metadata, blob=None):
+        if blob is None:
+            try:
+                blob = store.get(name)
+            except UnusableValue as exc:
+                self._discard(store, name, str(exc))
+                return None
+            if blob is None:
+                return None
+        try:
+            return entry_format.decode_all(blob, key, kind, with_metadata)
+        except entry_format.CorruptEntry as exc:
+            self._discard(store, name, str(exc))
+            return None
+
+    def _remote_entry(self, name, key, kind, with_metadata):
+        try:
+            blob = self.remote.get(name)
+        except UnusableValue:
+            blob = None
+        if blob is None:
+            return None
+        found = self._decoded(self.remote, name, key, kind, with_metadata, blob)
+        if found is None:
+            return None
+        self.counters["remote_hits"] += 1
+        self._keep_locally(name, blob)
+        return found
+
+    def _keep_locally(self, name, blob):
+        try:
+            self.local.put(name, blob)
+        except OSError as exc:
+            self.note_unwritable(exc)
+
+    def write(self, name, payload, metadata, deps=b""):
+        """Store an entry locally (raises ``OSError``, e.g. ENOSPC), then upload it (best effort)."""
+        blob = entry_format.encode(payload, metadata, deps)
+        self.local.put(name, blob)
+        self._upload(name, blob)
+
+    def _upload(self, name, blob):
+        if self.remote is not None and self.remote.writable:
+            self.remote.put(name, blob)  # never raises: a fleet store fails open
+            self.counters["uploads"] += 1
+
+    def discard(self, name, why):
+        """Remove ``name`` from the local store and a writable fleet store (the driver rejected it)."""
+        self._discard(self.local, name, why)
+        if self.remote is not None and self.remote.writable:
+            self.remote.delete(name)
+
+    def _discard(self, store, name, why):
+        self.counters["discarded"] += 1
+        where = store.path_of(name) if hasattr(store, "path_of") else "%s in %s" % (name, store.description)
+        log.warning("ptxbackend: discarding cache entry %s: %s; it will be rebuilt", where, why)
+        if store is self.local or store.writable:
+            store.delete(name)
+
+    def note_unwritable(self, exc):
+        """Warn once that the local cache cannot be written; the caller carries on without it."""
+        if not self._unwritable_reported:
+            self._unwritable_reported = True
+            log.warning("ptxbackend: cannot write to the cache at %s: %s; kernels will be compiled "
+                        "again next time.", self.root, exc)
+
+    @contextlib.contextmanager
+    def lock(self, name):
+        """Hold ``name``'s local lock and, with a writable fleet store, its fleet-wide lock.
+
+        The local wait is bounded by the store (an error when it runs out); the fleet wait by
+        :data:`REMOTE_LOCK_WAIT`, after which this machine compiles anyway.  A local cache that
+        cannot hold a lock file costs at most a duplicate compile: writes stay atomic.
+        """
+        try:
+            local = self.local.lock(name)
+            local.__enter__()
+        except OSError as exc:
+            self.note_unwritable(exc)
+            local = None
+        try:
+            if self.remote is not None and self.remote.writable:
+                wait = min(REMOTE_LOCK_WAIT, getattr(self.local, "lock_timeout", REMOTE_LOCK_WAIT))
+                with self.remote.lock(name, wait):
+                    yield
+            else:
+                yield
+        finally:
+            if local is not None:
+                local.__exit__(None, None, None)
+
+    # -- the toolkit's own headers, shared by the entries that read them --------------------------
+    def save_system_deps(self, digest, blob):
+        """Keep a system-header list under its digest (once: the same content has the same name)."""
+        name = layout.system_deps_name(digest)
+        try:
+            if self.local.get(name) is not None:
+                return
+        except UnusableValue:
+            pass
+        self.local.put(name, blob)
+        self._upload(name, blob)
+
+    def load_system_deps(self, digest):
+        """The system-header list named ``digest``, or ``None`` (the caller checks the digest)."""
+        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+            return None
+        name = layout.system_deps_name(digest)
+        for store in (self.local, self.remote):
+            if store is None:
+                continue
+            try:
+                blob = store.get(name)
+            except UnusableValue:
+                continue
+            if blob is not None:
+                if store is self.remote:
+                    self._keep_locally(name, blob)
+                return blob
+        return None
+
+    # -- producers -----------------------------------------------------------------------------
+    def save_producer(self, producer, record):
+        """Record what ``producer`` can emit (a dict naming no path), so a machine without it can
+        still resolve targets."""
+        name = layout.producer_name(producer)
+        blob = json.dumps(record, sort_keys=True).encode("utf-8")
+        try:
+            if self.local.get(name) == blob:
+                return  # the usual case: written by an earlier miss
+        except UnusableValue:
+            pass
+        self.local.put(name, blob)
+        self._upload(name, blob)
+
+    def producer_records(self):
+        """``(producer, record dict)`` of every producer the local store has entries of, newest first."""
+        found = []
+        for producer in self.local.producers():
+            try:
+                blob = self.local.get(layout.producer_name(producer))
+                if blob is not None:
+                    found.append((producer, json.loads(blob.decode("utf-8"))))
+            except (UnusableValue, ValueError):
+                continue
+        return found
+
+    def stats(self):
+        """Counters of this process: local and remote hits, misses, uploads, and the remote's own."""
+        found = dict(self.counters)
+        if self.remote is not None:
+            found["remote"] = self.remote.stats()
+        return found

@@ -1,0 +1,41 @@
+"""Where each kind of cache file lives: names as pure functions of what identifies the file.
+
+Names are relative and ``/``-separated, inside one schema version's layout
+(:data:`LAYOUT`); every store maps them to its own places (a path under the
+cache directory, a key on the fleet server)::
+
+    <producer>/<target>/<kk>/<key>.<kind>                       compiler output (an entry)
+    <producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin   the driver's JIT of a PTX entry
+    <producer>/identity.json                                    what that producer can emit
+    sysdeps/<kk>/<sha256>.json                                  toolkit headers a compile read
+"""
+
+from .keys import SCHEMA_VERSION
+
+LAYOUT = "v%d" % SCHEMA_VERSION
+KINDS = ("ptx", "cubin", "fatbin")
+#: Top-level names that are not producers (the directory store keeps locks and memos there).
+RESERVED = ("locks", "meta", "sysdeps")
+
+
+def entry_name(producer, target, key, kind):
+    return "%s/%s/%s/%s.%s" % (producer, target, key[:2], key, kind)
+
+
+def jit_name(producer, target, key, device_cc, driver_build):
+    return "%s/%s/jit/sm_%d-%s/%s/%s.cubin" % (producer, target, device_cc, driver_build, key[:2], key)
+
+
+def producer_name(producer):
+    return producer + "/identity.json"
+
+
+def system_deps_name(digest):
+    return "sysdeps/%s/%s.json" % (digest[:2], digest)
+
+
+def level_of(name):
+    """``'entry'``, ``'jit'`` or ``'other'``: what a name holds, for counters."""
+    if name.endswith((".ptx", ".cubin", ".fatbin")):
+        return "jit" if "/jit/" in name else "entry"
+    return "other"
