@@ -54,6 +54,7 @@ def _cmd_cache(args):
             store.root, len(entries), total / 1048576.0, (store.max_size or 0) / 1048576.0))
         for producer, _record in EntryCache(store).producer_records():
             print("producer:  %s" % producer)
+        _print_remote(load_settings(cache_dir=args.cache_dir))
         old = store.old_layouts()
         if old:
             print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
@@ -77,6 +78,22 @@ def _cmd_cache(args):
         print("removed %d entries, %.2f MiB" % (removed, freed / 1048576.0))
         for name in store.remove_old_layouts():
             print("removed the old layout %s" % os.path.join(store.root, name))
+    elif args.action == "push":
+        from .engine import open_cache, remote_problem
+        settings = load_settings(cache_dir=args.cache_dir)
+        cache = open_cache(settings)
+        if cache.remote is None:
+            raise PtxBackendError("cache push needs a fleet store: %s" % (
+                remote_problem(settings) or "set PTXBACKEND_REMOTE (docs/fleet.md)"))
+        if not cache.remote.writable:
+            raise PtxBackendError("cache push: the fleet store %s is read-only here "
+                                  "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)
+        files, size = cache.push()
+        state = cache.remote.stats().get("state", "ok")
+        if state != "ok":
+            raise PtxBackendError("cache push to %s failed: %s" % (cache.remote.description, state))
+        print("pushed %d files (%.2f MiB) from %s to %s" % (files, size / 1048576.0, store.root,
+                                                           cache.remote.description))
     elif args.action == "clear":
         store.clear()
         store.remove_old_layouts()
@@ -95,6 +112,20 @@ def _cmd_cache(args):
             print("imported %s into %s: %d entries added, %d already present (all checksums verified)"
                   % (args.file, store.root, added, present))
     return 0
+
+
+def _print_remote(settings):
+    """The fleet store's line of `cache info`: where, mode, whether it answers."""
+    from .engine import open_cache, remote_problem
+    if not settings.remote:
+        return
+    cache = open_cache(settings)
+    if cache.remote is None:
+        print("remote:    not used: %s" % remote_problem(settings))
+        return
+    reachable = cache.remote.ping() if hasattr(cache.remote, "ping") else None
+    print("remote:    %s (%s): %s" % (cache.remote.description, settings.remote_mode,
+                                       "reachable" if reachable else cache.remote.stats().get("state")))
 
 
 def _cmd_warm(args):
@@ -170,7 +201,8 @@ def build_parser():
     comp.set_defaults(func=_cmd_compile)
 
     cache = sub.add_parser("cache", help="inspect or maintain the cache")
-    cache.add_argument("action", choices=("info", "list", "verify", "prune", "clear", "export", "import"))
+    cache.add_argument("action", choices=("info", "list", "verify", "prune", "clear", "export", "import", "push"),
+                       help="push: upload the local entries to the fleet store (PTXBACKEND_REMOTE)")
     cache.add_argument("file", nargs="?", help="export/import: the bundle (a tar file)")
     cache.add_argument("--no-jit", action="store_true",
                        help="export: leave out the per-GPU JIT cubins (keep only compiler output)")

@@ -121,6 +121,7 @@ def collect():
     entries = list(store.entries())
     report["cache"] = {"dir": store.root, "entries": len(entries),
                        "bytes": sum(size for _p, size, _m in entries), "max_bytes": settings.cache_max_size}
+    report["remote"] = _remote_report(settings, problems, warnings)
     compilers = {}
     for kind in KINDS:
         try:
@@ -173,6 +174,30 @@ def collect():
     return report
 
 
+def _remote_report(settings, problems, warnings):
+    """The fleet store: where, its mode, whether it answers, and this process's counters."""
+    if not settings.remote:
+        return None
+    from .engine import open_cache, remote_problem
+    try:
+        cache = open_cache(settings)
+    except PtxBackendError as exc:  # the local cache is reported (and failed) elsewhere
+        return {"problem": str(exc)}
+    if cache.remote is None:
+        problem = remote_problem(settings)
+        problems.append("the fleet store %s is not used: %s" % (settings.remote.split("@")[-1], problem))
+        return {"problem": problem}
+    remote = cache.remote
+    reachable = remote.ping() if hasattr(remote, "ping") else None
+    stats = remote.stats()
+    if not reachable:
+        warnings.append("the fleet store %s does not answer (%s): programs go on with their local cache, "
+                        "paying at most one timeout (%.2f s) each" % (remote.description, stats.get("state"),
+                                                                      settings.remote_timeout))
+    return {"description": remote.description, "mode": settings.remote_mode, "reachable": bool(reachable),
+            "stats": stats}
+
+
 def render(report):
     """The report as text for a terminal."""
     lines = ["ptxbackend %s on Python %s (%s)" % (report["ptxbackend"], report["python"], report["executable"])]
@@ -184,6 +209,13 @@ def render(report):
         cache = report["cache"]
         lines.append("cache: %s  (%d entries, %.1f MiB of %.0f MiB)" % (
             cache["dir"], cache["entries"], cache["bytes"] / 1048576.0, (cache["max_bytes"] or 0) / 1048576.0))
+    remote = report.get("remote")
+    if remote:
+        if "description" in remote:
+            lines.append("fleet store: %s, %s, %s" % (remote["description"], remote["mode"],
+                                                     "reachable" if remote["reachable"] else "NOT reachable"))
+        else:
+            lines.append("fleet store: not used: %s" % remote["problem"])
     for kind, info in sorted(report.get("compilers", {}).items()):
         if "error" in info:
             lines.append("%s: not available: %s" % (kind, info["error"].splitlines()[0]))

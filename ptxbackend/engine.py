@@ -97,12 +97,14 @@ def open_cache(settings):
     """The :class:`~ptxbackend.cache.entries.EntryCache` for ``settings``: the local store for
     ``settings.cache_dir`` and, when configured and usable, the fleet store."""
     root = os.path.expanduser(settings.cache_dir)
-    cache = state.caches.get(root)
+    marker = (root, settings.remote, settings.remote_mode, settings.remote_namespace, settings.remote_key_file,
+              settings.remote_password_file, settings.remote_timeout, settings.remote_ttl)
+    cache = state.given.get(root) or state.caches.get(marker)
     if cache is None:
         local = open_store(settings)
         remote = _open_remote(settings, root)
         with state.lock:
-            cache = state.caches.setdefault(root, EntryCache(local, remote))
+            cache = state.caches.setdefault(marker, EntryCache(local, remote))
     return cache
 
 
@@ -117,13 +119,19 @@ def _open_remote(settings, root):
     return remote
 
 
+def remote_problem(settings):
+    """Why the fleet store configured for ``settings`` is not used (``None`` when it is, or none is set)."""
+    open_cache(settings)
+    return state.remote_problems.get(os.path.expanduser(settings.cache_dir))
+
+
 def open_store(settings):
     """The local store for ``settings.cache_dir``; a private temporary one if that cannot be used
     (unless ``state.temporary_cache_fallback`` is off: then :class:`CacheError`)."""
     root = os.path.expanduser(settings.cache_dir)
     with state.lock:
-        cache = state.caches.get(root)
-        store = cache.local if cache is not None else state.stores.get(root)
+        given = state.given.get(root)
+        store = given.local if given is not None else state.stores.get(root)
         if store is None:
             try:
                 store = DirectoryStore(root, settings.cache_max_size, settings.lock_timeout)

@@ -17,8 +17,10 @@ class EngineState(object):
     def reset(self):
         #: cache directory -> DirectoryStore (the local store alone, for maintenance)
         self.stores = {}
-        #: cache directory -> EntryCache (local store, and the fleet store when configured)
+        #: (cache directory, fleet settings) -> EntryCache (local store, and the fleet store when configured)
         self.caches = {}
+        #: cache directory -> an EntryCache given with give_cache(), used whatever the settings say
+        self.given = {}
         #: why the fleet store is not used, per cache directory (for doctor and the one warning)
         self.remote_problems = {}
         self.compilers = {}
@@ -37,7 +39,7 @@ class EngineState(object):
         """Make ``cache`` (an :class:`~ptxbackend.cache.entries.EntryCache`) the one used for
         ``cache_dir`` in this process, e.g. one with a fleet store built by hand."""
         with self.lock:
-            self.caches[cache_dir] = cache
+            self.given[cache_dir] = cache
 
 
 state = EngineState()

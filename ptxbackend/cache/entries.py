@@ -202,6 +202,27 @@ class EntryCache(object):
                 continue
         return found
 
+    def push(self):
+        """Upload every valid local entry, JIT cubin, header list and producer record to the fleet
+        store (a build box seeding the fleet).  Returns ``(files, bytes)`` uploaded."""
+        files = size = 0
+        for name in self.local.list(""):
+            try:
+                blob = self.local.get(name)
+            except UnusableValue:
+                continue
+            if blob is None:
+                continue
+            if layout.level_of(name) != "other":
+                try:
+                    entry_format.decode(blob)  # only what verifies leaves this machine
+                except entry_format.CorruptEntry:
+                    continue
+            self.remote.put(name, blob)
+            files += 1
+            size += len(blob)
+        return files, size
+
     def stats(self):
         """Counters of this process: local and remote hits, misses, uploads, and the remote's own."""
         found = dict(self.counters)
