@@ -10,7 +10,7 @@ section is {"title", "status", "notes": [str], "table": {"columns", "rows"}, "su
 import json
 import os
 
-SECTION_ORDER = ("compile", "warm", "kernels", "hook", "libraries", "concurrency")
+SECTION_ORDER = ("compile", "warm", "kernels", "hook", "libraries", "concurrency", "fleet")
 
 # Anchors from the project's measurements on the H200 (shared FACTS, 2026-11-29), used only when this
 # run has no figure of its own; the Targets table says so.
@@ -147,6 +147,24 @@ def evaluate_targets(results):
         out.append(_target(name, status, "/".join(str(c) for c in conc["compiles"]), detail))
     else:
         out.append(_target(name, "not measured", "-", _why_not(conc_sec)))
+    fleet, fleet_sec = _summary(results, "fleet")
+    if fleet and fleet.get("total_compiles") is not None:
+        out.append(_target("fleet: each kernel compiled once", "met" if fleet["each_once"] else "not met",
+                           str(fleet["total_compiles"]), "%d machines x %d kernels" % (fleet["machines"],
+                                                                                       fleet["kernels"])))
+        ratio = fleet.get("remote_over_local")
+        out.append(_target("fleet: a remote hit within 2x a local hit", "met" if ratio and ratio <= 2 else "not met",
+                           "%.2fx" % (ratio or 0), "remote %.3f ms, local %.3f ms per kernel" % (
+                               fleet["remote_hit_ms"], fleet["local_hit_ms"])))
+        errors = fleet.get("dead_remote_errors_per_process") or []
+        out.append(_target("fleet: a dead remote costs at most one timeout per process",
+                           "met" if errors and max(errors) <= 1 else "not met", "/".join(str(e) for e in errors),
+                           "remote errors per process (refused / paused); extra wall %s s" % "/".join(
+                               "%.2f" % x for x in fleet.get("dead_remote_extra_s") or [])))
+        out.append(_target("fleet: 0 of the fuzzed remote values loaded", "met" if fleet["fuzzed_loaded"] == 0
+                           else "not met", str(fleet["fuzzed_loaded"]), "%d values" % fleet["fuzzed_values"]))
+    else:
+        out.append(_target("fleet store", "not measured", "-", _why_not(fleet_sec)))
     return out
 
 
@@ -216,10 +234,10 @@ def render_markdown(results):
                 run.get("created", "?"), run.get("ptxbackend", "?"),
                 ", ".join("%s %s" % (slot, text) for slot, text in sorted((run.get("toolkits") or {}).items()))))
             out.append("")
-        table = sec.get("table")
-        if table and table.get("rows"):
-            out.append(markdown_table(table["columns"], table["rows"]))
-            out.append("")
+        for table in [sec.get("table")] + list(sec.get("tables") or []):
+            if table and table.get("rows"):
+                out.append(markdown_table(table["columns"], table["rows"]))
+                out.append("")
         for note in sec.get("notes") or []:
             out.append("- " + _cell(note))
         for plot in sec.get("plot_files") or []:

@@ -153,7 +153,7 @@ def test_quick_benchmark_run(tmp_path):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
-    assert set(data["sections"]) == {"compile", "warm", "kernels", "hook", "libraries", "concurrency"}
+    assert set(data["sections"]) == {"compile", "warm", "kernels", "hook", "libraries", "concurrency", "fleet"}
     assert all(s["status"] in ("ok", "skipped") for s in data["sections"].values()), \
         {k: s.get("notes") for k, s in data["sections"].items() if s["status"] not in ("ok", "skipped")}
     assert "## Targets" in (out / "results.md").read_text()
