@@ -175,9 +175,9 @@ def test_cache_alone_serves_a_machine_without_compiler(nvcc13, monkeypatch, tmp_
 def test_settings_follow_the_environment_and_the_config_file_between_calls(tmp_path, monkeypatch):
     """load_settings() is remembered for the hit path, but never past a change of what it reads."""
     from ptxbackend.config import load_settings
-    config = tmp_path / "config.ini"
-    monkeypatch.setenv("PTXBACKEND_CONFIG", str(config))
+    config = tmp_path / "config-home" / "ptxbackend" / "config.ini"  # the default place (conftest)
     assert load_settings().target == "auto"
+    config.parent.mkdir(parents=True)
     config.write_text("[ptxbackend]\ntarget = compute_75\n")
     assert (load_settings().target, load_settings().origins["target"]) == ("compute_75", str(config))
     config.write_text("[ptxbackend]\ntarget = compute_80,sm_90\n")
