@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ptxbackend import driver
+from ptxbackend import driver, launch, libcuda
 from ptxbackend.errors import DriverError, PtxBackendError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _libcuda_present():
     """Whether the driver's own search (PTXBACKEND_LIBCUDA aside) would find a library."""
-    for candidate in (driver._LIBCUDA_NAME,) + driver._LIBCUDA_FALLBACKS:
+    for candidate in (libcuda._LIBCUDA_NAME,) + libcuda._LIBCUDA_FALLBACKS:
         try:
             ctypes.CDLL(candidate)
             return True
@@ -46,7 +46,7 @@ def fresh_driver_state(monkeypatch):
 def test_import_does_not_load_libcuda():
     # A fresh interpreter: another test may already have loaded (or tried) it here.
     code = (
-        "import ptxbackend.driver as d\n"
+        "import ptxbackend.driver, ptxbackend.libcuda as d\n"
         "assert d._api is None and d._load_failure is None, 'library state touched at import'\n"
         "maps = open('/proc/self/maps').read() if __import__('os').path.exists('/proc/self/maps') else ''\n"
         "assert 'libcuda' not in maps, 'libcuda mapped by import'\n"
@@ -57,8 +57,8 @@ def test_import_does_not_load_libcuda():
 
 
 def test_state_is_empty_until_first_call():
-    assert driver._api is None
-    assert driver._load_failure is None
+    assert libcuda._api is None
+    assert libcuda._load_failure is None
 
 
 @needs_no_libcuda
@@ -108,7 +108,7 @@ def test_every_public_function_reports_the_missing_driver(label, call):
 def test_missing_driver_is_remembered_and_reported_the_same_way_again():
     with pytest.raises(DriverError) as first:
         driver.driver_version()
-    assert driver._load_failure is not None
+    assert libcuda._load_failure is not None
     with pytest.raises(DriverError) as second:
         driver.device_count()
     assert str(first.value) == str(second.value)
@@ -169,16 +169,16 @@ def test_bad_image_kind_is_rejected_before_touching_the_driver():
     with pytest.raises(ValueError) as info:
         driver.load_module(b"", "elf")
     assert "ptx, cubin, fatbin" in str(info.value)
-    assert driver._api is None and driver._load_failure is None
+    assert libcuda._api is None and libcuda._load_failure is None
 
 
 def test_launch_dimensions():
-    assert driver._dims(256, "block") == (256, 1, 1)
-    assert driver._dims((4, 2), "grid") == (4, 2, 1)
-    assert driver._dims([1, 2, 3], "grid") == (1, 2, 3)
+    assert launch._dims(256, "block") == (256, 1, 1)
+    assert launch._dims((4, 2), "grid") == (4, 2, 1)
+    assert launch._dims([1, 2, 3], "grid") == (1, 2, 3)
     for bad in (0, (1, 2, 3, 4), (), (1, 0), (1.5,), -1):
         with pytest.raises(ValueError):
-            driver._dims(bad, "grid")
+            launch._dims(bad, "grid")
 
 
 def test_ptx_isa_version_is_read_from_the_image():
