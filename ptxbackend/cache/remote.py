@@ -403,6 +403,11 @@ class RemoteStore(Store):
                 names.append(key[len(self._prefix):])
         return sorted(names)
 
+    def ping(self):
+        """Whether the server answers now (for ``doctor`` and ``cache info``); a failure turns the
+        store off for the process, as any other call's would."""
+        return self._call("other", lambda client: client.ping()) is True
+
     @property
     def state(self):
         failed = self._failed
