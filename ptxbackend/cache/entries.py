@@ -33,6 +33,7 @@ class EntryCache(object):
         self.meta_dir = getattr(local, "meta_dir", None)
         self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0, "uploads": 0, "discarded": 0}
         self._unwritable_reported = False
+        self._remote_discard_reported = False
 
     def path_of(self, name):
         return self.local.path_of(name)
@@ -109,8 +110,14 @@ class EntryCache(object):
 
     def _discard(self, store, name, why):
         self.counters["discarded"] += 1
-        where = store.path_of(name) if hasattr(store, "path_of") else "%s in %s" % (name, store.description)
-        log.warning("ptxbackend: discarding cache entry %s: %s; it will be rebuilt", where, why)
+        if store is self.local:
+            log.warning("ptxbackend: discarding cache entry %s: %s; it will be rebuilt", store.path_of(name), why)
+        else:
+            # A fleet store can hold many bad values (an old or broken uploader): say so once.
+            report = log.debug if self._remote_discard_reported else log.warning
+            self._remote_discard_reported = True
+            report("ptxbackend: ignoring %s in %s: %s; it is compiled here instead (further ones are logged "
+                   "at debug level)", name, store.description, why)
         if store is self.local or store.writable:
             store.delete(name)
 
