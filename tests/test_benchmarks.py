@@ -104,7 +104,7 @@ def test_writer_produces_valid_json_and_markdown(bench_modules, tmp_path):
     results = fake_results(benchutil)
     json_path, md_path = report.write_results(results, str(tmp_path), plots=False)
     data = json.loads(open(json_path).read())
-    assert data["machine"]["hostname"] == "box" and len(data["targets"]) == 8
+    assert data["machine"]["hostname"] == "box" and len(data["targets"]) == 9
     assert data["sections"]["compile"]["plots"][0]["series"]["bare"][0]["median"] == pytest.approx(1.05)
     text = open(md_path).read()
     assert "## Targets" in text and "## Toolkits" in text
