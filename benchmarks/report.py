@@ -159,8 +159,9 @@ def evaluate_targets(results):
         errors = fleet.get("dead_remote_errors_per_process") or []
         out.append(_target("fleet: a dead remote costs at most one timeout per process",
                            "met" if errors and max(errors) <= 1 else "not met", "/".join(str(e) for e in errors),
-                           "remote errors per process (refused / paused); extra wall %s s" % "/".join(
-                               "%.2f" % x for x in fleet.get("dead_remote_extra_s") or [])))
+                           "remote errors per process (refused / paused); first read %s s, later reads %s us" % (
+                               "/".join("%.3f" % x for x in fleet.get("dead_remote_first_read_s") or []),
+                               "/".join("%.1f" % (x * 1e6) for x in fleet.get("dead_remote_later_read_s") or []))))
         out.append(_target("fleet: 0 of the fuzzed remote values loaded", "met" if fleet["fuzzed_loaded"] == 0
                            else "not met", str(fleet["fuzzed_loaded"]), "%d values" % fleet["fuzzed_values"]))
     else:

@@ -36,6 +36,7 @@ import errno
 import hashlib
 import hmac
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -464,6 +465,13 @@ def _read_private_file(path, what, limit=_MAX_KEY_FILE):
         os.close(fd)
 
 
+def _find_spec(name):
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a broken install, or sys.modules[name] set to None
+        return None
+
+
 def open_remote(settings):
     """``(store, None)``, ``(None, None)`` when no fleet store is configured, or ``(None, reason)``.
 
@@ -478,21 +486,15 @@ def open_remote(settings):
     if scheme not in SCHEMES:
         return None, ("PTXBACKEND_REMOTE=%s has an unsupported scheme %r: use redis://, rediss:// (TLS) or "
                       "unix://" % (shown, scheme))
-    try:
-        importlib.import_module("redis")
-    except ImportError:
+    # Found, not imported: importing redis-py costs a tenth of a second or more, which a program whose
+    # kernels all hit locally must not pay.  It is imported at the first call that reaches the server.
+    if _find_spec("redis") is None:
         return None, ("the fleet store %s needs the redis-py client, which is not installed: "
                       "pip install 'ptxbackend[redis]'" % shown)
     try:
-        _plain, cluster = _split_cluster(url)
+        _split_cluster(url)
     except ValueError as exc:
         return None, str(exc)
-    if cluster:
-        try:
-            importlib.import_module("redis.cluster")
-        except ImportError:
-            return None, ("the fleet store %s asks for Redis Cluster, which needs redis-py 4.1 or later: "
-                          "pip install --upgrade 'ptxbackend[redis]'" % shown)
     key_file = getattr(settings, "remote_key_file", None)
     if not key_file:
         return None, ("the fleet store is not used without a fleet key: set PTXBACKEND_REMOTE_KEY_FILE to a "
