@@ -633,6 +633,19 @@ def test_open_remote_builds_without_connecting(raw, valkey, key_file, namespace)
     assert raw.get(redis_key) == expected_value(b"0123456789abcdef0123456789abcdef", redis_key, b"kernel")
 
 
+def test_opening_the_store_imports_no_redis_py(valkey, key_file, namespace):
+    """A program whose kernels all hit locally must not pay for importing the client (0.1-0.2 s)."""
+    code = ("import sys; from ptxbackend import engine; from ptxbackend.config import load_settings; "
+            "cache = engine.open_cache(load_settings()); "
+            "print(cache.remote is not None, 'redis' in sys.modules); cache.remote.get('x'); "
+            "print('redis' in sys.modules, cache.remote.state)")
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_REMOTE=valkey.url, PTXBACKEND_REMOTE_KEY_FILE=key_file,
+               PTXBACKEND_REMOTE_NAMESPACE=namespace)
+    out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, check=True,
+                         universal_newlines=True).stdout.split()
+    assert out == ["True", "False", "True", "ok"]
+
+
 def test_open_remote_from_the_environment(monkeypatch, valkey, key_file, namespace):
     from ptxbackend import config
     monkeypatch.setenv("PTXBACKEND_REMOTE", valkey.url)
