@@ -100,6 +100,7 @@ def start():
         if disabled() or active():
             return
         _ptxbackend_pth.size_jit_cache()
+        _ptxbackend_pth.use_imported_jit_cache()
         sys.meta_path.insert(0, CupyWatcher())
     except Exception as exc:
         report("%s: %s" % (type(exc).__name__, exc))

@@ -77,6 +77,25 @@ def size_jit_cache():
         environ["CUDA_CACHE_MAXSIZE"] = str(size)
 
 
+def use_imported_jit_cache():
+    """Point the driver at the JIT cache ``ptxbackend cache import`` installed, unless the user chose one.
+
+    Only when that directory exists (one ``stat``): a machine without an imported set keeps the
+    driver's own default cache.  The place is ``$PTXBACKEND_CACHE_DIR/driver-jit``, or the default
+    cache directory's (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``ptxbackend/driver-jit``).
+    """
+    environ = os.environ
+    if environ.get("CUDA_CACHE_PATH"):
+        return
+    root = environ.get("PTXBACKEND_CACHE_DIR")
+    if not root:
+        root = os.path.join(environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                            "ptxbackend")
+    candidate = os.path.join(os.path.expanduser(root), "driver-jit")
+    if os.path.isdir(candidate):
+        environ["CUDA_CACHE_PATH"] = candidate
+
+
 def _boot():
     try:
         import _ptxbackend_boot as boot
@@ -115,6 +134,7 @@ def install():
         if disabled() or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
             return
         size_jit_cache()
+        use_imported_jit_cache()
         sys.meta_path.insert(0, PtxbackendPlaceholder())
     except Exception as exc:
         report("%s: %s" % (type(exc).__name__, exc))

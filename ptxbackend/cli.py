@@ -3,7 +3,9 @@
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 from ._version import __version__
@@ -99,6 +101,7 @@ def _cmd_cache(args):
         store.remove_old_layouts()
         print("cleared %s" % store.root)
     elif args.action in ("export", "import"):
+        from . import driverjit
         from .cache import bundle
         if not args.file:
             print("ptxbackend: error: cache %s needs a FILE" % args.action, file=sys.stderr)
@@ -107,6 +110,16 @@ def _cmd_cache(args):
             count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force)
             print("exported %d entries from %s to %s (%d bytes)" % (count, store.root, args.file,
                                                                    os.path.getsize(args.file)))
+        elif driverjit.is_bundle(args.file):
+            settings = load_settings(cache_dir=args.cache_dir)
+            manifest = driverjit.install(args.file, settings.cache_dir, driverjit.this_machine(),
+                                         driverjit.fleet_key(settings))
+            print("imported the driver JIT cache of %s (driver %s; %s; %d files, %.1f MiB) into %s; new "
+                  "processes use it unless CUDA_CACHE_PATH is set" % (
+                      ", ".join(lib["name"] for lib in manifest["libraries"]) or "-", manifest["driver"]["build"],
+                      ", ".join(g["name"] for g in manifest["gpus"]), len(manifest["files"]),
+                      sum(f["size"] for f in manifest["files"]) / 1048576.0,
+                      driverjit.managed_dir(settings.cache_dir)))
         else:
             added, present = bundle.import_bundle(store, args.file)
             print("imported %s into %s: %d entries added, %d already present (all checksums verified)"
@@ -141,15 +154,24 @@ def _cmd_warm(args):
         from .warm import replay
         _compiled, _hits, failures = replay(args.manifest, device_cc=args.device_cc)
         status = 1 if failures else 0
+    if args.driver_jit_bundle and not args.libs:
+        print("ptxbackend: error: --driver-jit-bundle packs what --libs warms: name the libraries", file=sys.stderr)
+        return 2
     if args.libs:
         from .libwarm import warm_library
         from .warm import Progress, save_library_results
         names = [n for n in args.libs.split(",") if n.strip()]
+        jit_dir = None
+        if args.driver_jit_bundle:
+            from . import driverjit
+            key = driverjit.fleet_key(load_settings())
+            # A fresh driver cache of its own, so that the bundle holds these libraries' JIT output only.
+            jit_dir = tempfile.mkdtemp(prefix="ptxbackend-driver-jit-")
         progress = Progress(len(names), "warm libraries")
         results = []
         for name in names:
             try:
-                result = warm_library(name.strip())
+                result = warm_library(name.strip(), jit_dir=jit_dir)
             except (OSError, RuntimeError) as exc:
                 print("  %s: FAILED: %s" % (name, exc))
                 status = 1
@@ -168,6 +190,14 @@ def _cmd_warm(args):
                       "(ptxbackend doctor).")
                 status = 1
         save_library_results(results)
+        if jit_dir and results and not status:
+            manifest = driverjit.pack(jit_dir, [r["library"] for r in results], args.driver_jit_bundle,
+                                      driverjit.this_machine(), key, force=args.force)
+            print("packed the driver JIT cache (%d files, %.1f MiB%s) into %s" % (
+                len(manifest["files"]), sum(f["size"] for f in manifest["files"]) / 1048576.0,
+                ", signed with the fleet key" if key else "", args.driver_jit_bundle))
+        if jit_dir:
+            shutil.rmtree(jit_dir, ignore_errors=True)
     return status
 
 
@@ -216,6 +246,10 @@ def build_parser():
     warm.add_argument("manifest", nargs="?", help="kernel manifest written with PTXBACKEND_RECORD=FILE")
     warm.add_argument("--libs", help="comma list of libraries to pre-JIT: cudnn, cublas, curand or paths")
     warm.add_argument("--device-cc", help="compile for another GPU (no JIT step), e.g. 7.5")
+    warm.add_argument("--driver-jit-bundle", metavar="FILE",
+                      help="with --libs: warm into a fresh driver JIT cache and pack it into FILE, for "
+                           "`ptxbackend cache import FILE` on machines with the same driver and GPU")
+    warm.add_argument("--force", action="store_true", help="--driver-jit-bundle: replace an existing FILE")
     warm.set_defaults(func=_cmd_warm)
 
     demo = sub.add_parser("demo", help="compile the example kernel; on a GPU, run it and check the result")

@@ -17,7 +17,34 @@ def _range(identity):
     return "compute_%d..compute_%d" % (archs[0], archs[-1]) if archs else "none"
 
 
-def _jit_cache_report(warnings):
+def _imported_jit_report(settings, path, warnings):
+    """The driver JIT cache `cache import` installed: in use here, complete, and how large a cache it needs."""
+    from . import driverjit
+    record = driverjit.installed_record(settings.cache_dir)
+    if not record:
+        return None
+    found = driverjit.check_installed(record, path)
+    if not found["in_use"]:
+        warnings.append("a driver JIT cache for %s was imported into %s, but this process's driver uses %s: "
+                        "unset CUDA_CACHE_PATH (the start-up hook points it there), or set it to that directory."
+                        % (", ".join(l["path"] for l in found["libraries"]), found["directory"], path))
+    elif found["files_present"] != found["files"]:
+        warnings.append("the imported driver JIT cache in %s misses %d of its %d files: import the bundle again."
+                        % (found["directory"], found["files"] - found["files_present"], found["files"]))
+    for lib in found["libraries"]:
+        if not lib["library_unchanged"]:
+            warnings.append("%s differs from the library the imported driver JIT cache was warmed for (or is "
+                            "gone): its JIT output will not match." % lib["path"])
+    limit = os.environ.get("CUDA_CACHE_MAXSIZE")
+    if limit and limit.isdigit() and int(limit) < found["needs_maxsize"]:
+        warnings.append("CUDA_CACHE_MAXSIZE=%s is below the %d bytes of the imported driver JIT cache: the "
+                        "driver may evict it. Set CUDA_CACHE_MAXSIZE=4294967296." % (limit, found["needs_maxsize"]))
+    found["driver"] = record.get("driver")
+    found["gpus"] = record.get("gpus")
+    return found
+
+
+def _jit_cache_report(warnings, settings=None):
     env = {name: os.environ.get(name) for name in
            ("CUDA_CACHE_DISABLE", "CUDA_CACHE_MAXSIZE", "CUDA_CACHE_PATH", "CUDA_FORCE_PTX_JIT")}
     path = env["CUDA_CACHE_PATH"] or os.path.join(os.path.expanduser("~"), ".nv", "ComputeCache")
@@ -49,7 +76,10 @@ def _jit_cache_report(warnings):
     if not writable:
         warnings.append("the driver JIT cache path %s is not writable: JIT results are lost at exit. "
                         "Set CUDA_CACHE_PATH to a writable directory." % path)
-    return {"variables": env, "path": path, "writable": writable, "needed_bytes": needed}
+    report = {"variables": env, "path": path, "writable": writable, "needed_bytes": needed}
+    if settings is not None:
+        report["imported"] = _imported_jit_report(settings, path, warnings)
+    return report
 
 
 def _site_dirs():
@@ -170,7 +200,7 @@ def collect():
         warnings.append("no compiler found: only kernels already in the cache can be loaded. Install a CUDA "
                         "toolkit or `pip install nvidia-cuda-nvrtc-cu12`, or set PTXBACKEND_NVCC.")
     report.update(compilers=compilers, driver=drv, devices=devices, hook=_hook_report(warnings),
-                  driver_jit_cache=_jit_cache_report(warnings), warnings=warnings)
+                  driver_jit_cache=_jit_cache_report(warnings, settings), warnings=warnings)
     return report
 
 
@@ -214,6 +244,10 @@ def render(report):
         if "description" in remote:
             lines.append("fleet store: %s, %s, %s" % (remote["description"], remote["mode"],
                                                      "reachable" if remote["reachable"] else "NOT reachable"))
+            stats = remote.get("stats") or {}
+            lines.append("  this process: " + "; ".join(
+                "%s %s" % (level, ", ".join("%s %d" % (k, v) for k, v in sorted(stats[level].items())))
+                for level in ("entry", "jit", "other") if isinstance(stats.get(level), dict)))
         else:
             lines.append("fleet store: not used: %s" % remote["problem"])
     for kind, info in sorted(report.get("compilers", {}).items()):
@@ -259,6 +293,13 @@ def render(report):
         shown = ", ".join("%s=%s" % item for item in sorted(jit["variables"].items()) if item[1]) or "defaults"
         lines.append("driver JIT cache: %s (%s, %s)" % (jit["path"], shown,
                                                         "writable" if jit["writable"] else "NOT writable"))
+        imported = jit.get("imported")
+        if imported:
+            lines.append("  imported set: %s, %d of %d files, needs CUDA_CACHE_MAXSIZE >= %d; %s" % (
+                "in use" if imported["in_use"] else "NOT in use", imported["files_present"], imported["files"],
+                imported["needs_maxsize"], ", ".join("%s %s" % (os.path.basename(l["path"]),
+                                                                 "matches" if l["matches"] else "does NOT match")
+                                                      for l in imported["libraries"]) or "no libraries"))
     for problem in report.get("problems", []):
         lines.append("PROBLEM: " + problem)
     for warning in report.get("warnings", []):

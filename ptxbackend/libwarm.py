@@ -12,6 +12,7 @@ one JSON line with its timings.
 """
 
 import ctypes
+import hashlib
 import json
 import os
 import subprocess
@@ -73,6 +74,7 @@ def _initialise(kind, lib):
                                             ctypes.c_float(0.0), ctypes.c_float(1.0)), "curandGenerateNormal")
             driver.synchronize()
             elapsed = time.perf_counter() - started
+            _initialise.digest = hashlib.sha256(bytes(out.copy_to_host())).hexdigest()  # the same numbers?
         lib.curandDestroyGenerator(handle)
         return elapsed
     if kind in _HANDLE_CALLS:
@@ -91,7 +93,9 @@ def child(kind, path):
     driver.ensure_context()
     lib = ctypes.CDLL(path)
     first_call = _initialise(kind, lib)
-    return {"kind": kind, "path": path, "first_call_s": first_call, "total_s": time.perf_counter() - started}
+    return {"kind": kind, "path": path, "first_call_s": first_call, "total_s": time.perf_counter() - started,
+            "output_sha256": getattr(_initialise, "digest", None),
+            "jit_cache": os.environ.get("CUDA_CACHE_PATH")}
 
 
 def _jit_cache_dir():
@@ -118,15 +122,20 @@ def _run_child(kind, path, env):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def warm_library(name_or_path):
-    """Initialise a library twice in fresh processes; return the timings and the JIT cache growth."""
+def warm_library(name_or_path, jit_dir=None):
+    """Initialise a library twice in fresh processes; return the timings and the JIT cache growth.
+
+    ``jit_dir``: the driver JIT cache to warm (``CUDA_CACHE_PATH``), instead of the one in effect.
+    """
     path = find_library(name_or_path)
     kind = library_kind(path)
     env = dict(os.environ)
+    if jit_dir:
+        env["CUDA_CACHE_PATH"] = jit_dir
     env.setdefault("CUDA_CACHE_MAXSIZE", JIT_CACHE_MAX)
     env.pop("CUDA_CACHE_DISABLE", None)
     env["CUDA_MODULE_LOADING"] = "EAGER"  # JIT every kernel now, not only those the first call touches
-    cache_dir = _jit_cache_dir()
+    cache_dir = env.get("CUDA_CACHE_PATH") or _jit_cache_dir()
     before = tree_size(cache_dir)
     first = _run_child(kind, path, env)
     grown = tree_size(cache_dir) - before

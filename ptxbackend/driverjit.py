@@ -1,0 +1,349 @@
+"""The driver's JIT cache, shipped: pack what ``warm --libs`` warmed, verify and install it elsewhere.
+
+An old CUDA library with only PTX for a newer GPU is JIT-compiled by the driver
+in every process whose driver JIT cache misses, and at least once on every new
+machine (tens of seconds for cuRAND or cuDNN).  The driver's cache is tied to
+the driver build and the GPU model, and is otherwise plain files: warmed once
+on a build box, it serves every identical line PC.
+
+A driver-JIT bundle is a tar (gzip) holding ``ptxbackend-driver-jit.json`` (the
+manifest: driver, GPU models, libraries, and each file's size and SHA-256), the
+files of the warmed cache under ``jit/``, and, when a fleet key is configured,
+``ptxbackend-driver-jit.sig`` (HMAC-SHA256 of the manifest under that key).
+
+An import never touches the driver cache a user already has: it fills
+``<cache dir>/driver-jit/`` (a directory ptxbackend owns), replacing it whole,
+and the start-up hook points ``CUDA_CACHE_PATH`` there in every new process
+where the user has not set ``CUDA_CACHE_PATH`` (docs/deployment.md says why).
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import stat as stat_module
+import tarfile
+import tempfile
+import time
+
+from . import _fsutil
+from ._version import __version__
+from .errors import CacheError
+
+MANIFEST = "ptxbackend-driver-jit.json"
+SIGNATURE = "ptxbackend-driver-jit.sig"
+FORMAT = 1
+FILES = "jit"
+MANAGED = "driver-jit"
+RECORD = "driver-jit.json"  # the installed manifest, beside the managed directory (for doctor)
+_MAC_CONTEXT = b"ptxbackend-driver-jit-1\0"
+# The driver caps its cache at 4 GiB; a bundle above that cannot be a driver cache.
+MAX_FILE = 4 << 30
+MAX_TOTAL = 4 << 30
+MAX_MANIFEST = 64 << 20
+_CHUNK = 1 << 20
+
+
+def managed_dir(cache_root):
+    """The driver JIT cache directory ptxbackend manages under a cache root."""
+    return os.path.join(os.path.expanduser(cache_root), MANAGED)
+
+
+def this_machine():
+    """The driver and the GPU models here, as a manifest names them (needs the driver)."""
+    from . import driver
+    gpus = []
+    for ordinal in range(driver.device_count()):
+        gpus.append({"name": driver.device_name(ordinal), "cc": driver.compute_capability(ordinal)})
+    return {"driver_build": driver.driver_build(), "driver_version": driver.driver_version(), "gpus": gpus}
+
+
+def fleet_key(settings):
+    """The fleet key (bytes) when one is configured (PTXBACKEND_REMOTE_KEY_FILE), else ``None``.
+
+    A configured key that cannot be used is an error: bundles would otherwise go unsigned, or be
+    accepted unsigned, without anyone noticing.
+    """
+    path = getattr(settings, "remote_key_file", None)
+    if not path:
+        return None
+    from .cache.remote import MIN_KEY_SIZE, _read_private_file
+    key, why = _read_private_file(path, "fleet key file")
+    if why:
+        raise CacheError(why)
+    key = key.rstrip(b"\r\n")
+    if len(key) < MIN_KEY_SIZE:
+        raise CacheError("the fleet key file %s holds %d bytes; a fleet key needs at least %d"
+                         % (path, len(key), MIN_KEY_SIZE))
+    return key
+
+
+def _sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(_CHUNK)
+            if not chunk:
+                return digest.hexdigest()
+            digest.update(chunk)
+
+
+def _sign(key, manifest_bytes):
+    return hmac.new(key, _MAC_CONTEXT + manifest_bytes, hashlib.sha256).hexdigest().encode("ascii")
+
+
+def _cache_files(jit_dir):
+    """``(relative name, path, size)`` of every regular file of a driver cache directory."""
+    found = []
+    for base, dirs, files in os.walk(jit_dir):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(base, name)
+            st = os.lstat(path)
+            if stat_module.S_ISREG(st.st_mode):
+                found.append((os.path.relpath(path, jit_dir).replace(os.sep, "/"), path, st.st_size))
+    return found
+
+
+def pack(jit_dir, libraries, destination, machine, key=None, force=False):
+    """Write the driver JIT cache at ``jit_dir`` (warmed for ``libraries``) to a bundle at ``destination``.
+
+    ``machine`` is :func:`this_machine` of the machine that warmed it; ``key`` (bytes) signs the
+    manifest.  Returns the manifest.  Written to a new temporary file beside the destination and
+    renamed, as ``cache export`` does; an existing destination needs ``force``.
+    """
+    files = _cache_files(jit_dir)
+    if not files:
+        raise CacheError("the driver JIT cache at %s is empty: nothing was JIT-compiled there (does the "
+                         "library have machine code for this GPU already?)" % jit_dir)
+    manifest = {"format": FORMAT, "ptxbackend": __version__, "created": time.time(),
+                "driver": {"build": machine["driver_build"], "version": machine.get("driver_version")},
+                "gpus": machine["gpus"],
+                "libraries": [{"path": path, "name": os.path.basename(path), "size": os.path.getsize(path),
+                               "sha256": _sha256_file(path)} for path in libraries],
+                "files": [{"name": name, "size": size, "sha256": _sha256_file(path)} for name, path, size in files]}
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+    destination = os.path.abspath(destination)
+    if os.path.lexists(destination) and not force:
+        raise CacheError("%s already exists; choose another name or pass --force to replace it" % destination)
+    directory = os.path.dirname(destination)
+    if not os.path.isdir(directory):
+        raise CacheError("cannot write %s: the directory %s does not exist" % (destination, directory))
+    fd, tmp = tempfile.mkstemp(prefix=".ptxbackend-driver-jit-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
+            _add_bytes(archive, MANIFEST, data)
+            if key:
+                _add_bytes(archive, SIGNATURE, _sign(key, data))
+            for name, path, size in files:
+                info = tarfile.TarInfo(FILES + "/" + name)
+                info.size, info.mode, info.mtime = size, 0o600, int(time.time())
+                with open(path, "rb") as handle:
+                    archive.addfile(info, handle)
+        os.replace(tmp, destination)
+    except BaseException:
+        _fsutil.remove_quietly(tmp)
+        raise
+    return manifest
+
+
+def _add_bytes(archive, name, data):
+    import io
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+    archive.addfile(info, io.BytesIO(data))
+
+
+def is_bundle(source):
+    """Whether ``source`` is a driver-JIT bundle (its first member is the manifest)."""
+    try:
+        with tarfile.open(source, "r:*") as archive:
+            first = archive.next()
+            return first is not None and first.name == MANIFEST
+    except (tarfile.TarError, OSError, EOFError, ValueError):
+        return False
+    except Exception:  # zlib.error and the like: a damaged file is not ours to name
+        return False
+
+
+def _refusal(manifest, machine):
+    """Why this machine must not use a bundle built for ``manifest``'s driver and GPUs, or ``None``."""
+    built = manifest["driver"]["build"]
+    if built != machine["driver_build"]:
+        return ("it was warmed with driver %s and this machine has driver %s: the driver does not use JIT "
+                "output of another driver build. Warm and export it on a machine with driver %s."
+                % (built, machine["driver_build"], machine["driver_build"]))
+    models = set((g["name"], int(g["cc"])) for g in manifest["gpus"])
+    here = set((g["name"], int(g["cc"])) for g in machine["gpus"])
+    if not here:
+        return "this machine has no GPU the driver can see"
+    missing = sorted(here - models)
+    if missing:
+        return ("it was warmed for %s and this machine has %s: the driver JIT-compiles for each GPU "
+                "model. Warm and export it on a machine with that GPU."
+                % (", ".join("%s (cc %d.%d)" % (n, c // 10, c % 10) for n, c in sorted(models)),
+                   ", ".join("%s (cc %d.%d)" % (n, c // 10, c % 10) for n, c in missing)))
+    return None
+
+
+def _safe_member_name(name):
+    parts = name.split("/")
+    return (len(parts) >= 2 and parts[0] == FILES and "" not in parts and ".." not in parts
+            and "." not in parts and not name.startswith("/") and "\\" not in name)
+
+
+def install(source, cache_root, machine, key=None):
+    """Verify the bundle at ``source`` for ``machine`` and make it the managed driver JIT cache.
+
+    Every file is checked against the manifest (size before reading, SHA-256 while reading) and
+    written to a staging directory; only when all verify does the staging directory replace the
+    managed one.  With ``key`` (the fleet key) the manifest's signature must verify.  Returns the
+    manifest.  Raises :class:`CacheError` saying why, with nothing changed.
+    """
+    target = managed_dir(cache_root)
+    parent = os.path.dirname(target)
+    _fsutil.make_private_dirs(parent)
+    staging = tempfile.mkdtemp(prefix=".driver-jit-incoming-", dir=parent)
+    try:
+        manifest = _unpack_verified(source, staging, machine, key)
+        _swap_in(staging, target)
+        staging = None
+        _fsutil.write_atomic(os.path.join(parent, RECORD),
+                             json.dumps(dict(manifest, installed=time.time(), directory=target),
+                                        indent=1, sort_keys=True).encode("utf-8"), durable=True)
+        return manifest
+    finally:
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_in(staging, target):
+    old = None
+    if os.path.lexists(target):
+        if os.path.islink(target) or not os.path.isdir(target):
+            raise CacheError("%s is not a directory ptxbackend made; move it away and import again" % target)
+        old = tempfile.mkdtemp(prefix=".driver-jit-old-", dir=os.path.dirname(target))
+        os.rename(target, os.path.join(old, "jit"))
+    os.rename(staging, target)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _unpack_verified(source, staging, machine, key):
+    import zlib
+    try:
+        with tarfile.open(source, "r:*") as archive:
+            return _unpack(archive, source, staging, machine, key)
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise CacheError("%s is damaged or not a complete bundle (%s: %s); copy it again. Nothing was "
+                         "imported" % (source, type(exc).__name__, exc))
+    except OSError as exc:
+        raise CacheError("cannot read %s: %s" % (source, exc.strerror or exc))
+
+
+def _unpack(archive, source, staging, machine, key):
+    member = archive.next()
+    if member is None or member.name != MANIFEST or not member.isfile() or member.size > MAX_MANIFEST:
+        raise CacheError("%s is not a driver-JIT bundle (no %s first)" % (source, MANIFEST))
+    data = archive.extractfile(member).read()
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+        expected = dict((r["name"], r) for r in manifest["files"])
+        declared = sum(int(r["size"]) for r in expected.values())
+        if not isinstance(manifest["driver"]["build"], str) or not isinstance(manifest["gpus"], list):
+            raise TypeError("driver build or GPU list of the wrong type")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CacheError("%s has no valid %s (%s)" % (source, MANIFEST, exc))
+    if manifest.get("format") != FORMAT:
+        raise CacheError("%s is a driver-JIT bundle of format %r; this ptxbackend %s reads format %d"
+                         % (source, manifest.get("format"), __version__, FORMAT))
+    why = _refusal(manifest, machine)
+    if why:
+        raise CacheError("%s cannot serve this machine: %s Nothing was imported." % (source, why))
+    if declared > MAX_TOTAL:
+        raise CacheError("%s declares %d bytes, more than a driver JIT cache holds (%d); nothing was imported"
+                         % (source, declared, MAX_TOTAL))
+    signature = None
+    first = member
+    for member in archive:  # from the start again: the manifest was read already
+        if member is first:
+            continue
+        if member.name == SIGNATURE and signature is None and member.isfile() and member.size <= 256:
+            signature = archive.extractfile(member).read()
+            continue
+        name = member.name[len(FILES) + 1:]
+        if not member.isfile() or not _safe_member_name(member.name) or name not in expected:
+            raise CacheError("%s: unexpected member %r (not a regular file the manifest lists under %s/); "
+                             "nothing was imported" % (source, member.name, FILES))
+        record = expected.pop(name)
+        if member.size != record["size"] or member.size > MAX_FILE:
+            raise CacheError("%s: %s is %d bytes, its manifest says %d; nothing was imported"
+                             % (source, member.name, member.size, record["size"]))
+        _write_checked(archive.extractfile(member), os.path.join(staging, *name.split("/")), record,
+                       source, member.name)
+    if expected:
+        raise CacheError("%s: %d files the manifest lists are missing (e.g. %s); nothing was imported"
+                         % (source, len(expected), sorted(expected)[0]))
+    if key is not None:
+        if signature is None:
+            raise CacheError("%s is not signed, and a fleet key is configured (PTXBACKEND_REMOTE_KEY_FILE): "
+                             "only bundles signed with it are imported. Export it again where the key is "
+                             "configured." % source)
+        if not hmac.compare_digest(signature, _sign(key, data)):
+            raise CacheError("%s is signed with another key, or its manifest was changed: nothing was "
+                             "imported" % source)
+    return manifest
+
+
+def _write_checked(handle, path, record, source, member_name):
+    _fsutil.make_private_dirs(os.path.dirname(path))
+    digest = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as out:
+        while True:
+            chunk = handle.read(_CHUNK)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > record["size"]:
+                break
+            digest.update(chunk)
+            out.write(chunk)
+    if size != record["size"] or digest.hexdigest() != record["sha256"]:
+        raise CacheError("%s: %s does not match its checksum; the bundle is damaged, nothing was imported"
+                         % (source, member_name))
+
+
+def installed_record(cache_root):
+    """The manifest of the last import under ``cache_root`` (with ``directory``), or ``None``."""
+    path = os.path.join(os.path.dirname(managed_dir(cache_root)), RECORD)
+    try:
+        return json.loads(_fsutil.read_file(path).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def check_installed(record, cache_path):
+    """For ``doctor``: whether the driver cache in use (``cache_path``) holds the imported set, per
+    library, and the ``CUDA_CACHE_MAXSIZE`` it needs.  Returns a dict."""
+    directory = record.get("directory")
+    in_use = bool(cache_path) and os.path.realpath(cache_path) == os.path.realpath(directory or "")
+    present = 0
+    for item in record.get("files", []):
+        try:
+            present += os.path.getsize(os.path.join(directory, *item["name"].split("/"))) == item["size"]
+        except OSError:
+            pass
+    libraries = []
+    for lib in record.get("libraries", []):
+        try:
+            same = os.path.getsize(lib["path"]) == lib["size"]
+        except OSError:
+            same = False
+        libraries.append({"path": lib["path"], "matches": bool(in_use and same and present == len(record["files"])),
+                          "library_unchanged": same})
+    return {"directory": directory, "in_use": in_use, "files": len(record.get("files", [])),
+            "files_present": present, "libraries": libraries,
+            "needs_maxsize": sum(item["size"] for item in record.get("files", []))}
