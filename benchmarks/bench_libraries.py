@@ -61,6 +61,36 @@ def _spawn(path, env_changes, hook, cache_path):
                            benchutil.clean_env(env), timeout=600)
 
 
+def _new_machine(ctx, old, warmed, rows, stats, notes):
+    """The "new machine" row: the warmed driver cache packed (warm --libs --driver-jit-bundle), installed
+    into a fresh cache root (cache import), and used by fresh processes through the start-up hook alone."""
+    from ptxbackend import driverjit
+    try:
+        machine = driverjit.this_machine()
+        bundle = os.path.join(ctx.ws.fresh("libjit-bundle"), "curand-jit.tgz")
+        driverjit.pack(warmed, [old], bundle, machine)
+        root = ctx.ws.fresh("libjit-new-machine")
+        driverjit.install(bundle, root, machine)
+        env = benchutil.clean_env({"CUDA_CACHE_PATH": None, "CUDA_CACHE_DISABLE": None, "CUDA_CACHE_MAXSIZE": None,
+                                   "CUDA_MODULE_LOADING": None, "PTXBACKEND_CACHE_DIR": root})
+        processes = [benchutil.spawn("bench_libraries", "lib_child", {"kind": "curand", "path": old, "hook": True},
+                                     env, timeout=600) for _ in range(3)]
+    except Exception as exc:  # reported in the section, never fatal to the run
+        notes.append("new machine: %s" % benchutil.first_line(exc))
+        return
+    first = benchutil.summarize([processes[0]["first_call_s"]], "s")
+    later = benchutil.summarize([p["first_call_s"] for p in processes[1:]], "s")
+    stats["new_machine"] = {"first_process_s": first, "later_processes_s": later,
+                            "bundle_bytes": os.path.getsize(bundle), "jit_cache": processes[0].get("jit_cache")}
+    rows.append(["cuRAND 10.2 (no sm_%d code)" % ctx.device_cc,
+                 "a new machine: the driver-JIT bundle imported, the hook sets CUDA_CACHE_PATH",
+                 "CUDA_CACHE_PATH=%s" % processes[0].get("jit_cache"), benchutil.fmt_stat(first),
+                 benchutil.fmt_stat(later), "%.1f MB bundle" % (os.path.getsize(bundle) / 1e6)])
+    notes.append("new machine: on this same machine, the 'ptxbackend' row's warmed cache packed and installed "
+                 "into a fresh cache root, as `cache import` does on a line PC; the two-machine run is in "
+                 "docs/deployment.md.")
+
+
 def run(ctx):
     title = "Library start-up: an old cuRAND without code for the GPU"
     if not ctx.gpu.get("available"):
@@ -74,9 +104,9 @@ def run(ctx):
     notes = ["first_call_s: curandCreateGenerator + the first curandGenerateNormal (1M floats) + synchronize, "
              "timed inside a fresh process (ptxbackend.libwarm.child): the create call is where cuRAND loads "
              "(JIT-compiles) its kernels; library: %s" % old]
-    rows, stats = [], {}
+    rows, stats, paths = [], {}, {}
     for key, label, changes, hook in CONFIGS:
-        cache_path = ctx.ws.fresh("libjit-" + key)
+        cache_path = paths[key] = ctx.ws.fresh("libjit-" + key)
         processes = []
         try:
             for index in range(4):
@@ -97,6 +127,8 @@ def run(ctx):
                      "CUDA_CACHE_MAXSIZE=%s" % processes[0].get("cuda_cache_maxsize"),
                      benchutil.fmt_stat(first), benchutil.fmt_stat(later),
                      "%.1f MB" % (stats[key]["jit_cache_bytes"] / 1e6)])
+    if "ptxbackend" in stats:
+        _new_machine(ctx, old, paths["ptxbackend"], rows, stats, notes)
     native = _native_curand(ctx.args.curand_native or os.environ.get("PTXBACKEND_BENCH_CURAND_NATIVE"), old)
     summary = {}
     if native:

@@ -180,9 +180,11 @@ def _cmd_warm(args):
             results.append(result)
             progress.step(name)
             print("  %s: first process %.2f s (JIT), second process %.3f s; driver JIT cache grew %.1f MiB "
-                  "(CUDA_CACHE_MAXSIZE=%s)" % (
+                  "(CUDA_CACHE_MAXSIZE=%s)%s" % (
                       result["library"], result["first"]["total_s"], result["second"]["total_s"],
-                      result["jit_cache_growth_bytes"] / 1048576.0, result["cuda_cache_maxsize"]))
+                      result["jit_cache_growth_bytes"] / 1048576.0, result["cuda_cache_maxsize"],
+                      "; output sha256 %s" % result["second"]["output_sha256"][:16]
+                      if result["second"].get("output_sha256") else ""))
             if result["second"]["total_s"] > 0.5 * max(result["first"]["total_s"], 1e-9) \
                     and result["first"]["total_s"] > 1.0:
                 print("  WARNING: the second process was not fast: the driver JIT cache did not keep the "
