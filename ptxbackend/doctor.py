@@ -32,9 +32,10 @@ def _imported_jit_report(settings, path, warnings):
         warnings.append("the imported driver JIT cache in %s misses %d of its %d files: import the bundle again."
                         % (found["directory"], found["files"] - found["files_present"], found["files"]))
     for lib in found["libraries"]:
-        if not lib["library_unchanged"]:
-            warnings.append("%s differs from the library the imported driver JIT cache was warmed for (or is "
-                            "gone): its JIT output will not match." % lib["path"])
+        if lib["state"] == "different":
+            warnings.append("%s is not the library the imported driver JIT cache was warmed for (%d bytes, sha256 "
+                            "%s): the driver will JIT-compile it again. Warm and export the library in use."
+                            % (lib["path"], lib["size"], (lib.get("sha256") or "?")[:16]))
     limit = os.environ.get("CUDA_CACHE_MAXSIZE")
     if limit and limit.isdigit() and int(limit) < found["needs_maxsize"]:
         warnings.append("CUDA_CACHE_MAXSIZE=%s is below the %d bytes of the imported driver JIT cache: the "
@@ -295,11 +296,13 @@ def render(report):
                                                         "writable" if jit["writable"] else "NOT writable"))
         imported = jit.get("imported")
         if imported:
-            lines.append("  imported set: %s, %d of %d files, needs CUDA_CACHE_MAXSIZE >= %d; %s" % (
-                "in use" if imported["in_use"] else "NOT in use", imported["files_present"], imported["files"],
-                imported["needs_maxsize"], ", ".join("%s %s" % (os.path.basename(l["path"]),
-                                                                 "matches" if l["matches"] else "does NOT match")
-                                                      for l in imported["libraries"]) or "no libraries"))
+            lines.append("  imported set (driver %s): %s, %d of %d files, needs CUDA_CACHE_MAXSIZE >= %d; warmed for %s" % (
+                (imported.get("driver") or {}).get("build"), "in use" if imported["in_use"] else "NOT in use",
+                imported["files_present"], imported["files"], imported["needs_maxsize"],
+                ", ".join("%s (%d bytes, sha256 %s; at the build box's path here: %s)" % (
+                    l["name"], l["size"], (l.get("sha256") or "?")[:12],
+                    {"same size": "the same size", "different": "ANOTHER file", "elsewhere": "none"}[l["state"]])
+                    for l in imported["libraries"]) or "no libraries"))
     for problem in report.get("problems", []):
         lines.append("PROBLEM: " + problem)
     for warning in report.get("warnings", []):

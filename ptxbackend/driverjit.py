@@ -338,12 +338,16 @@ def check_installed(record, cache_path):
             pass
     libraries = []
     for lib in record.get("libraries", []):
+        # The driver keys its cache by the code it compiles, not by the library's path: on a line PC the
+        # library usually lives elsewhere.  At the build box's path, a file of another size is another
+        # library (its JIT output will not be in the set).
         try:
-            same = os.path.getsize(lib["path"]) == lib["size"]
+            state = "same size" if os.path.getsize(lib["path"]) == lib["size"] else "different"
         except OSError:
-            same = False
-        libraries.append({"path": lib["path"], "matches": bool(in_use and same and present == len(record["files"])),
-                          "library_unchanged": same})
-    return {"directory": directory, "in_use": in_use, "files": len(record.get("files", [])),
+            state = "elsewhere"
+        libraries.append({"path": lib["path"], "name": lib.get("name"), "size": lib["size"],
+                          "sha256": lib.get("sha256"), "state": state})
+    complete = in_use and present == len(record.get("files", []))
+    return {"directory": directory, "in_use": in_use, "complete": complete, "files": len(record.get("files", [])),
             "files_present": present, "libraries": libraries,
             "needs_maxsize": sum(item["size"] for item in record.get("files", []))}

@@ -70,8 +70,16 @@ def test_pack_then_install_gives_the_same_files_and_a_record(tmp_path, warmed):
     record = driverjit.installed_record(str(tmp_path / "cache"))
     assert record["directory"] == target and record["driver"]["build"] == "580.159.04"
     found = driverjit.check_installed(record, target)
-    assert found["in_use"] and found["files_present"] == 3 and found["libraries"][0]["matches"]
+    assert found["in_use"] and found["complete"] and found["files_present"] == 3
+    assert found["libraries"][0]["state"] == "same size"
     assert not driverjit.check_installed(record, str(tmp_path / "elsewhere"))["in_use"]
+    os.unlink(os.path.join(target, "index"))
+    assert not driverjit.check_installed(record, target)["complete"]
+    with open(warmed[1], "ab") as handle:
+        handle.write(b"another build")
+    assert driverjit.check_installed(record, target)["libraries"][0]["state"] == "different"
+    os.unlink(warmed[1])
+    assert driverjit.check_installed(record, target)["libraries"][0]["state"] == "elsewhere"
 
 
 def test_a_second_import_replaces_the_set_whole(tmp_path, warmed):
@@ -202,3 +210,26 @@ def test_the_hook_points_the_driver_at_an_imported_set_only(tmp_path, monkeypatc
     monkeypatch.setenv("CUDA_CACHE_PATH", "/users/own/cache")
     _ptxbackend_pth.use_imported_jit_cache()
     assert os.environ["CUDA_CACHE_PATH"] == "/users/own/cache"  # never overrides the user's
+
+
+def test_doctor_reports_the_imported_set_and_whether_the_driver_uses_it(tmp_path, warmed):
+    import subprocess
+    import sys
+    from conftest import REPO
+    root = str(tmp_path / "cache")
+    driverjit.install(_bundle(tmp_path, warmed), root, H200)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_CACHE_PATH"}
+    env.update(PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=root, PTXBACKEND_DEVICE_CC="9.0")
+
+    def doctor(**extra):
+        proc = subprocess.run([sys.executable, "-m", "ptxbackend", "doctor", "--json"], env=dict(env, **extra),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        return json.loads(proc.stdout)
+
+    used = doctor(CUDA_CACHE_PATH=driverjit.managed_dir(root))
+    imported = used["driver_jit_cache"]["imported"]
+    assert imported["in_use"] and imported["complete"] and imported["needs_maxsize"] == 5000 + 300 + 500
+    assert not [w for w in used["warnings"] if "imported" in w]
+    elsewhere = doctor(CUDA_CACHE_PATH=str(tmp_path / "own-cache"))
+    assert not elsewhere["driver_jit_cache"]["imported"]["in_use"]
+    assert [w for w in elsewhere["warnings"] if "was imported into" in w]

@@ -134,3 +134,16 @@ def test_boot_module_without_package_reports_once_on_cupy_import(venv, tmp_path)
         assert len(proc.stderr.splitlines()) == 1 and "ptxbackend" in proc.stderr
     finally:
         os.rename(os.path.join(str(tmp_path), "ptxbackend"), os.path.join(site, "ptxbackend"))
+
+
+def test_hook_points_the_driver_at_an_imported_jit_cache_and_never_over_the_users(venv, tmp_path):
+    python, _ = venv
+    code = "import os; print(os.environ.get('CUDA_CACHE_PATH'))"
+    root = tmp_path / "cache"
+    assert run(python, "-c", code, PTXBACKEND_CACHE_DIR=str(root)).stdout.split() == ["None"]
+    (root / "driver-jit").mkdir(parents=True)  # what `ptxbackend cache import` of a driver-JIT bundle makes
+    assert run(python, "-c", code, PTXBACKEND_CACHE_DIR=str(root)).stdout.split() == [str(root / "driver-jit")]
+    assert run(python, "-c", code, PTXBACKEND_CACHE_DIR=str(root),
+               CUDA_CACHE_PATH="/mine").stdout.split() == ["/mine"]
+    assert run(python, "-c", code, PTXBACKEND_CACHE_DIR=str(root),
+               PTXBACKEND_DISABLE="1").stdout.split() == ["None"]
