@@ -103,6 +103,11 @@ def _cmd_cache(args):
     elif args.action in ("export", "import"):
         from . import driverjit
         from .cache import bundle
+        if args.from_fleet:
+            if args.action != "import" or args.file:
+                print("ptxbackend: error: --from-fleet goes with `cache import` and no FILE", file=sys.stderr)
+                return 2
+            return _import_from_fleet(load_settings(cache_dir=args.cache_dir))
         if not args.file:
             print("ptxbackend: error: cache %s needs a FILE" % args.action, file=sys.stderr)
             return 2
@@ -124,6 +129,33 @@ def _cmd_cache(args):
             added, present = bundle.import_bundle(store, args.file)
             print("imported %s into %s: %d entries added, %d already present (all checksums verified)"
                   % (args.file, store.root, added, present))
+    return 0
+
+
+def _fleet_store(settings, what):
+    from .engine import open_cache, remote_problem
+    remote = open_cache(settings).remote
+    if remote is None:
+        raise PtxBackendError("%s needs a fleet store: %s" % (
+            what, remote_problem(settings) or "set PTXBACKEND_REMOTE (docs/fleet.md)"))
+    return remote
+
+
+def _import_from_fleet(settings):
+    """`cache import --from-fleet`: this machine's driver-JIT set from the fleet store, verified as a file."""
+    from . import driverjit
+    remote = _fleet_store(settings, "cache import --from-fleet")
+    machine = driverjit.this_machine()
+    work = tempfile.mkdtemp(prefix="ptxbackend-fleet-jit-")
+    try:
+        path = os.path.join(work, "driver-jit.tgz")
+        name = driverjit.download(remote, machine, path)
+        manifest = driverjit.install(path, settings.cache_dir, machine, driverjit.fleet_key(settings))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("imported the driver JIT cache of %s from the fleet store (%s) into %s" % (
+        ", ".join(lib["name"] for lib in manifest["libraries"]) or "-", name,
+        driverjit.managed_dir(settings.cache_dir)))
     return 0
 
 
@@ -198,6 +230,14 @@ def _cmd_warm(args):
             print("packed the driver JIT cache (%d files, %.1f MiB%s) into %s" % (
                 len(manifest["files"]), sum(f["size"] for f in manifest["files"]) / 1048576.0,
                 ", signed with the fleet key" if key else "", args.driver_jit_bundle))
+            settings = load_settings()
+            if settings.remote:
+                remote = _fleet_store(settings, "uploading the driver JIT set")
+                if remote.writable:
+                    name = driverjit.upload(remote, args.driver_jit_bundle, driverjit.this_machine())
+                    state = remote.stats().get("state", "ok")
+                    print("uploaded it to the fleet store as %s%s" % (name, "" if state == "ok" else
+                                                                      " (FAILED: %s)" % state))
         if jit_dir:
             shutil.rmtree(jit_dir, ignore_errors=True)
     return status
@@ -239,6 +279,8 @@ def build_parser():
     cache.add_argument("--no-jit", action="store_true",
                        help="export: leave out the per-GPU JIT cubins (keep only compiler output)")
     cache.add_argument("--force", action="store_true", help="export: replace an existing FILE")
+    cache.add_argument("--from-fleet", action="store_true",
+                       help="import: this machine's driver JIT set (driver build, GPU model) from the fleet store")
     cache.add_argument("--cache-dir", help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
     cache.add_argument("--max-size", help="prune: size limit, e.g. 500M (default PTXBACKEND_CACHE_MAX_SIZE)")

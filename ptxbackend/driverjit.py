@@ -79,6 +79,39 @@ def fleet_key(settings):
     return key
 
 
+def fleet_name(machine):
+    """The name a driver-JIT bundle has in the fleet store: by driver build and GPU models."""
+    models = sorted(set("%s-sm%d" % ("".join(c if c.isalnum() else "_" for c in g["name"]), int(g["cc"]))
+                        for g in machine["gpus"]))
+    return "driver-jit/%s/%s.tgz" % (machine["driver_build"], "+".join(models) or "no-gpu")
+
+
+def upload(remote, bundle_path, machine):
+    """Put the bundle at ``bundle_path`` in the fleet store under :func:`fleet_name`; returns the name.
+
+    The store seals it (HMAC) like every value; the bundle keeps its own signature and checks too.
+    """
+    name = fleet_name(machine)
+    with open(bundle_path, "rb") as handle:
+        remote.put(name, handle.read())
+    return name
+
+
+def download(remote, machine, destination):
+    """Fetch this machine's driver-JIT bundle from the fleet store into ``destination``; returns the
+    name, or raises :class:`CacheError` saying what is missing."""
+    name = fleet_name(machine)
+    blob = remote.get(name)
+    if blob is None:
+        raise CacheError("the fleet store %s has no driver JIT set for %s (%s): warm and export one on a "
+                         "machine with that driver and GPU, with the fleet store configured"
+                         % (remote.description, name, remote.stats().get("state", "")))
+    fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(blob)
+    return name
+
+
 def _sha256_file(path):
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -233,3 +233,32 @@ def test_the_machines_disagree_on_nothing_across_random_orders(fleet):
     kernels = [kernel(i, "orders-%d" % random.randrange(1 << 30)) for i in range(3)]
     reports = machines(fleet, 2, kernels)
     assert reports[0]["images"] == reports[1]["images"]
+
+
+def test_a_driver_jit_set_travels_through_the_fleet_store_by_driver_and_gpu(fleet, valkey, tmp_path):
+    from ptxbackend import driverjit
+    from ptxbackend.cache.remote import RemoteStore
+    from ptxbackend.errors import CacheError
+    env, _calls, _tmp = fleet
+    key = open(env["PTXBACKEND_REMOTE_KEY_FILE"], "rb").read()
+    machine = {"driver_build": "580.159.04", "driver_version": 13000, "gpus": [{"name": "NVIDIA H200", "cc": 90}]}
+    jit = tmp_path / "warmed"
+    (jit / "0a").mkdir(parents=True)
+    (jit / "index").write_bytes(b"i" * 64)
+    (jit / "0a" / "entry").write_bytes(os.urandom(4096))
+    lib = tmp_path / "libcurand.so.10"
+    lib.write_bytes(b"\x7fELF" * 64)
+    bundle = str(tmp_path / "jit.tgz")
+    driverjit.pack(str(jit), [str(lib)], bundle, machine, key=key)
+    box = RemoteStore(valkey.url, key, namespace=env["PTXBACKEND_REMOTE_NAMESPACE"], timeout=5.0)
+    name = driverjit.upload(box, bundle, machine)
+    assert name == "driver-jit/580.159.04/NVIDIA_H200-sm90.tgz"
+    line_pc = RemoteStore(valkey.url, key, mode="ro", namespace=env["PTXBACKEND_REMOTE_NAMESPACE"], timeout=5.0)
+    fetched = str(tmp_path / "fetched.tgz")
+    driverjit.download(line_pc, machine, fetched)
+    driverjit.install(fetched, str(tmp_path / "line-pc"), machine, key=key)
+    installed = driverjit.managed_dir(str(tmp_path / "line-pc"))
+    assert open(os.path.join(installed, "0a", "entry"), "rb").read() == (jit / "0a" / "entry").read_bytes()
+    other = dict(machine, gpus=[{"name": "NVIDIA L4", "cc": 89}])
+    with pytest.raises(CacheError, match="no driver JIT set for driver-jit/580.159.04/NVIDIA_L4-sm89.tgz"):
+        driverjit.download(line_pc, other, str(tmp_path / "none.tgz"))
