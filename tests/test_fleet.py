@@ -28,8 +28,7 @@ kernels, seed, go = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
 warnings = []
 handler = logging.Handler(logging.WARNING)
 handler.emit = lambda record: warnings.append(record.getMessage())
-logging.getLogger("ptxbackend").addHandler(handler)
-logging.getLogger("ptxbackend.cache").addHandler(handler)
+logging.getLogger("ptxbackend").addHandler(handler)  # ptxbackend.cache's records reach it too
 order = list(range(len(kernels)))
 random.Random(seed).shuffle(order)
 while go and not __import__("os").path.exists(go):
@@ -242,3 +241,22 @@ def test_a_driver_jit_set_travels_through_the_fleet_store_by_driver_and_gpu(flee
     other = dict(machine, gpus=[{"name": "NVIDIA L4", "cc": 89}])
     with pytest.raises(CacheError, match="no driver JIT set for driver-jit/580.159.04/NVIDIA_L4-sm89.tgz"):
         driverjit.download(line_pc, other, str(tmp_path / "none.tgz"))
+
+
+def test_a_validly_sealed_but_damaged_entry_is_never_loaded(fleet, valkey):
+    """An uploader holding the key but writing a broken entry: the HMAC verifies, the entry checks do not."""
+    from ptxbackend.cache.remote import RemoteStore
+    env, calls, _tmp = fleet
+    kernels = [kernel(0, "sealed-but-damaged")]
+    first, = machines(fleet, 1, kernels)
+    key = open(env["PTXBACKEND_REMOTE_KEY_FILE"], "rb").read()
+    store = RemoteStore(valkey.url, key, namespace=env["PTXBACKEND_REMOTE_NAMESPACE"], timeout=5.0)
+    names = [n for n in store.list("") if n.endswith(".ptx")]
+    assert len(names) == 1
+    blob = bytearray(store.get(names[0]))
+    blob[-2] ^= 0x01  # inside the PTX: the entry's CRC-32 no longer matches
+    store.put(names[0], bytes(blob))
+    second, = machines(fleet, 1, kernels)
+    assert second["images"] == first["images"] and second["stats"]["remote_hits"] == 0
+    assert count_calls(calls, "--ptx") == 2  # compiled here instead
+    assert len([w for w in second["warnings"] if "checksum" in w]) == 1, second["warnings"]
