@@ -102,9 +102,10 @@ def read_file(path):
     return read_file_and_stat(path)[0]
 
 
-def read_file_and_stat(path):
-    """:func:`read_file`, also returning the ``os.stat_result`` of what was read."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
+def read_file_and_stat(path, dir_fd=None):
+    """:func:`read_file`, also returning the ``os.stat_result`` of what was read (``path`` relative
+    to the directory ``dir_fd`` when given)."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK, dir_fd=dir_fd)
     try:
         st = _check_readable(fd, path)
         # One read of size + 1 bytes normally returns the whole file, and its shortness proves
@@ -146,6 +147,31 @@ def write_atomic(path, data, durable=False):
             os.unlink(tmp)
         except OSError:
             pass
+        raise
+
+
+@contextlib.contextmanager
+def new_file_beside(destination, force=False):
+    """Yield a binary file that becomes ``destination`` when the block ends without an error.
+
+    It is a new file (``mkstemp``, ``O_EXCL``) in the destination's directory, renamed into place:
+    nothing planted at a temporary name is written through, and a failure leaves no partial file.
+    An existing ``destination`` is replaced only with ``force``.
+    """
+    from .errors import CacheError
+    destination = os.path.abspath(destination)
+    if os.path.lexists(destination) and not force:
+        raise CacheError("%s already exists; choose another name or pass --force to replace it" % destination)
+    directory = os.path.dirname(destination)
+    if not os.path.isdir(directory):
+        raise CacheError("cannot write %s: the directory %s does not exist" % (destination, directory))
+    fd, tmp = tempfile.mkstemp(prefix=".%s.tmp-" % os.path.basename(destination), dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+        os.replace(tmp, destination)
+    except BaseException:
+        remove_quietly(tmp)
         raise
 
 
@@ -218,17 +244,7 @@ def walk_files(root_fd, top):
 
 def read_at(dir_fd, name):
     """:func:`read_file` of ``name`` in the directory ``dir_fd``, with the same checks."""
-    fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK, dir_fd=dir_fd)
-    try:
-        st = _check_readable(fd, name)
-        chunks = []
-        while True:
-            chunk = os.read(fd, max(st.st_size + 1, 1 << 16))
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
+    return read_file_and_stat(name, dir_fd)[0]
 
 
 def unlink_beneath(root_fd, relative_path):

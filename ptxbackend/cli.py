@@ -81,12 +81,10 @@ def _cmd_cache(args):
         for name in store.remove_old_layouts():
             print("removed the old layout %s" % os.path.join(store.root, name))
     elif args.action == "push":
-        from .engine import open_cache, remote_problem
+        from .engine import open_cache
         settings = load_settings(cache_dir=args.cache_dir)
         cache = open_cache(settings)
-        if cache.remote is None:
-            raise PtxBackendError("cache push needs a fleet store: %s" % (
-                remote_problem(settings) or "set PTXBACKEND_REMOTE (docs/fleet.md)"))
+        _fleet_store(settings, "cache push")
         if not cache.remote.writable:
             raise PtxBackendError("cache push: the fleet store %s is read-only here "
                                   "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)

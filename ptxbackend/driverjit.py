@@ -29,6 +29,7 @@ import time
 
 from . import _fsutil
 from ._version import __version__
+from .cache.bundle import add_member
 from .errors import CacheError
 
 MANIFEST = "ptxbackend-driver-jit.json"
@@ -68,14 +69,10 @@ def fleet_key(settings):
     path = getattr(settings, "remote_key_file", None)
     if not path:
         return None
-    from .cache.remote import MIN_KEY_SIZE, _read_private_file
-    key, why = _read_private_file(path, "fleet key file")
+    from .cache.remote import read_fleet_key
+    key, why = read_fleet_key(path)
     if why:
         raise CacheError(why)
-    key = key.rstrip(b"\r\n")
-    if len(key) < MIN_KEY_SIZE:
-        raise CacheError("the fleet key file %s holds %d bytes; a fleet key needs at least %d"
-                         % (path, len(key), MIN_KEY_SIZE))
     return key
 
 
@@ -157,35 +154,16 @@ def pack(jit_dir, libraries, destination, machine, key=None, force=False):
                                "sha256": _sha256_file(path)} for path in libraries],
                 "files": [{"name": name, "size": size, "sha256": _sha256_file(path)} for name, path, size in files]}
     data = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
-    destination = os.path.abspath(destination)
-    if os.path.lexists(destination) and not force:
-        raise CacheError("%s already exists; choose another name or pass --force to replace it" % destination)
-    directory = os.path.dirname(destination)
-    if not os.path.isdir(directory):
-        raise CacheError("cannot write %s: the directory %s does not exist" % (destination, directory))
-    fd, tmp = tempfile.mkstemp(prefix=".ptxbackend-driver-jit-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
-            _add_bytes(archive, MANIFEST, data)
-            if key:
-                _add_bytes(archive, SIGNATURE, _sign(key, data))
-            for name, path, size in files:
-                info = tarfile.TarInfo(FILES + "/" + name)
-                info.size, info.mode, info.mtime = size, 0o600, int(time.time())
-                with open(path, "rb") as handle:
-                    archive.addfile(info, handle)
-        os.replace(tmp, destination)
-    except BaseException:
-        _fsutil.remove_quietly(tmp)
-        raise
+    with _fsutil.new_file_beside(destination, force) as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
+        add_member(archive, MANIFEST, data)
+        if key:
+            add_member(archive, SIGNATURE, _sign(key, data))
+        for name, path, size in files:
+            info = tarfile.TarInfo(FILES + "/" + name)
+            info.size, info.mode, info.mtime = size, 0o600, int(time.time())
+            with open(path, "rb") as handle:
+                archive.addfile(info, handle)
     return manifest
-
-
-def _add_bytes(archive, name, data):
-    import io
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
-    archive.addfile(info, io.BytesIO(data))
 
 
 def is_bundle(source):

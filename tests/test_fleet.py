@@ -18,7 +18,8 @@ import pytest
 import valkey_server
 from conftest import REPO, count_calls
 
-# A machine: compiles every kernel of a JSON file (in its own order), prints what it saw.
+# A machine: compiles every kernel of a JSON file (a source, or [source, options]) in its own order, and
+# prints what it saw.
 MACHINE = r'''
 import json, logging, random, sys, time
 import ptxbackend
@@ -35,7 +36,8 @@ while go and not __import__("os").path.exists(go):
     time.sleep(0.005)
 images, hits = {}, {}
 for i in order:
-    art = ptxbackend.compile(kernels[i], target="compute_75", device_cc="9.0")
+    source, options = kernels[i] if isinstance(kernels[i], list) else (kernels[i], [])
+    art = ptxbackend.compile(source, options, target="compute_75", device_cc="9.0")
     images[i] = __import__("hashlib").sha256(art.image).hexdigest()
     hits[i] = art.cache_hit
 cache = engine.open_cache(load_settings(device_cc="9.0"))
@@ -260,3 +262,22 @@ def test_a_validly_sealed_but_damaged_entry_is_never_loaded(fleet, valkey):
     assert second["images"] == first["images"] and second["stats"]["remote_hits"] == 0
     assert count_calls(calls, "--ptx") == 2  # compiled here instead
     assert len([w for w in second["warnings"] if "checksum" in w]) == 1, second["warnings"]
+
+
+def test_a_fleet_entry_whose_header_differs_here_is_a_miss_not_a_stale_hit(fleet, tmp_path):
+    """The request key does not cover header contents; the files a compile read are re-checked on a
+    remote hit as on a local one, on the machine that would load it."""
+    _env, calls, _tmp = fleet
+    include = tmp_path / "inc"
+    include.mkdir()
+    header = include / "scale.h"
+    header.write_text("#define SCALE 2.0f\n")
+    source = ('#include "scale.h"\nextern "C" __global__ void fleet_header(float* y) '
+              '{ y[threadIdx.x] *= SCALE; }\n')
+    kernels = [[source, ["-I", str(include)]]]
+    first, = machines(fleet, 1, kernels)
+    header.write_text("#define SCALE 3.0f\n")  # the same path and request key, another header here
+    second, = machines(fleet, 1, kernels)
+    assert count_calls(calls, "--ptx") == 2 and not any(second["hits"].values())
+    # The fleet's entry was fetched and verified as bytes, then refused for the header: compiled here.
+    assert second["images"] != first["images"]

@@ -21,7 +21,6 @@ import json
 import os
 import posixpath
 import tarfile
-import tempfile
 import time
 import zlib
 
@@ -63,8 +62,6 @@ def export_bundle(store, destination, include_jit=True, force=False):
     (``O_EXCL``) beside it and renamed into place, so nothing planted there is ever written through.
     Returns the number of entries written.
     """
-    if os.path.lexists(destination) and not force:
-        raise CacheError("%s already exists; choose another name or pass --force to replace it" % destination)
     files = []
     for path, _size, _mtime in store.entries():
         if not include_jit and os.sep + "jit" + os.sep in path:
@@ -94,24 +91,16 @@ def export_bundle(store, destination, include_jit=True, force=False):
         blobs.append((name, data))
     manifest = {"format": BUNDLE_FORMAT, "schema": SCHEMA_VERSION, "ptxbackend": __version__,
                 "created": time.time(), "files": records}
-    directory = os.path.dirname(os.path.abspath(destination))
-    if not os.path.isdir(directory):
-        raise CacheError("cannot write %s: the directory %s does not exist" % (destination, directory))
-    fd, tmp = tempfile.mkstemp(prefix=".%s.tmp-" % os.path.basename(destination), dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            with tarfile.open(fileobj=handle, mode="w:gz") as archive:
-                _add(archive, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
-                for name, data in blobs:
-                    _add(archive, name, data)
-        os.replace(tmp, destination)
-    except BaseException:
-        _fsutil.remove_quietly(tmp)
-        raise
+    with _fsutil.new_file_beside(destination, force) as handle:
+        with tarfile.open(fileobj=handle, mode="w:gz") as archive:
+            add_member(archive, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+            for name, data in blobs:
+                add_member(archive, name, data)
     return sum(1 for r in records if not r["name"].endswith(".json"))
 
 
-def _add(archive, name, data):
+def add_member(archive, name, data):
+    """Add ``data`` to a tar as a private regular file named ``name``."""
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o600

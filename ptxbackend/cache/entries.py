@@ -231,7 +231,11 @@ class EntryCache(object):
         return files, size
 
     def stats(self):
-        """Counters of this process: local and remote hits, misses, uploads, and the remote's own."""
+        """Counters of this process: local and remote hits, misses, uploads, and the remote's own.
+
+        A hit here is an entry found and verified as bytes; the engine then re-checks the files its
+        compile read, and may still compile (a header that differs on this machine).
+        """
         found = dict(self.counters)
         if self.remote is not None:
             found["remote"] = self.remote.stats()

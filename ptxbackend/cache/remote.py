@@ -465,6 +465,20 @@ def _read_private_file(path, what, limit=_MAX_KEY_FILE):
         os.close(fd)
 
 
+def read_fleet_key(path):
+    """``(key, None)`` or ``(None, reason)``: the fleet key in the private file at ``path`` (its bytes
+    without the trailing newline, at least :data:`MIN_KEY_SIZE` of them).  Used by the fleet store
+    and by driver-JIT bundles, which it signs."""
+    key, why = _read_private_file(path, "fleet key file")
+    if why:
+        return None, why
+    key = key.rstrip(b"\r\n")
+    if len(key) < MIN_KEY_SIZE:
+        return None, ("the fleet key file %s holds %d bytes; a fleet key needs at least %d (e.g. "
+                      "head -c 32 /dev/urandom | base64 > %s)" % (path, len(key), MIN_KEY_SIZE, path))
+    return key, None
+
+
 def _find_spec(name):
     try:
         return importlib.util.find_spec(name)
@@ -499,13 +513,9 @@ def open_remote(settings):
     if not key_file:
         return None, ("the fleet store is not used without a fleet key: set PTXBACKEND_REMOTE_KEY_FILE to a "
                       "private file holding at least %d random bytes" % MIN_KEY_SIZE)
-    key, why = _read_private_file(key_file, "fleet key file")
+    key, why = read_fleet_key(key_file)
     if why:
         return None, why
-    key = key.rstrip(b"\r\n")
-    if len(key) < MIN_KEY_SIZE:
-        return None, ("the fleet key file %s holds %d bytes; a fleet key needs at least %d (e.g. "
-                      "head -c 32 /dev/urandom | base64 > %s)" % (key_file, len(key), MIN_KEY_SIZE, key_file))
     password = None
     password_file = getattr(settings, "remote_password_file", None)
     if password_file:
