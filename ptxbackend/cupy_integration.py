@@ -19,6 +19,7 @@ Importing this module never imports CuPy.
 """
 
 import functools
+import hashlib
 import importlib
 import inspect
 import logging
@@ -146,13 +147,23 @@ def _nvrtc_major(compiler_module):
         return 12  # CuPy v14 runs only on CUDA >= 12, and v12/v13 decide by this very version
 
 
+def _cupy_flag(name):
+    """A boolean environment variable read the way CuPy reads it: on only when ``int(value) == 1``."""
+    value = os.environ.get(name)
+    if not value:
+        return False
+    try:
+        return int(value) == 1
+    except ValueError:
+        return False
+
+
 def _cupy_options(compiler_module, gen, kind):
     """The options CuPy adds inside the function replaced, except its architecture flag."""
     if gen == "v1":
         return ()  # Chainer 1.x adds only `--cubin -arch sm_XY` (and Windows-only host flags)
     added = ("-ftz=true",)
-    flag = os.environ.get("CUPY_CUDA_COMPILE_WITH_DEBUG", "")
-    if flag.strip().isdigit() and int(flag) == 1:
+    if _cupy_flag("CUPY_CUDA_COMPILE_WITH_DEBUG"):
         added += ("--device-debug", "--generate-line-info")
     if gen == "v10+" and kind == "nvrtc" and _nvrtc_major(compiler_module) >= 12:
         # CuPy v12+ passes this to NVRTC >= 12 (every non-jitify compile in v14): its
@@ -195,6 +206,15 @@ def _serve(compiler_module, gen, call):
     return _load(compiler_module, artifact)
 
 
+def _source_digest(args, kwargs):
+    """The sha256 of the kernel source a call names, so a debug log line can be matched to a file
+    CuPy writes (``CUPY_CACHE_SAVE_CUDA_SOURCE=1`` saves each source beside CuPy's cached binary)."""
+    source = args[0] if args else kwargs.get("source")
+    if isinstance(source, str):
+        source = source.encode("utf-8", "surrogateescape")
+    return hashlib.sha256(source).hexdigest() if isinstance(source, bytes) else "?"
+
+
 def _is_configuration_error(exc):
     # A bad PTXBACKEND_* value or an impossible target is the user's to fix, not to hide.
     return isinstance(exc, (TargetError, ConfigError))
@@ -213,7 +233,9 @@ def _make_replacement(compiler_module, gen, original):
         except Exception as exc:  # e.g. a bad argument: CuPy words that error about its own signature
             reason = "arguments ptxbackend cannot read (%s: %s)" % (type(exc).__name__, exc)
         if reason:
-            log.debug("ptxbackend: CuPy compiles this kernel itself (%s)", reason)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("ptxbackend: CuPy compiles this kernel itself (%s; source sha256 %s)", reason,
+                          _source_digest(args, kwargs))
             return original(*args, **kwargs)
         try:
             return _serve(compiler_module, gen, call)
