@@ -20,12 +20,13 @@ import shutil
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ElementTree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))
 import compare  # noqa: E402
+import junit_outcomes  # noqa: E402
 
 
 def cache_layout():
@@ -463,22 +464,17 @@ class Harness(object):
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             for mode, f, info, xml in pool.map(one, jobs):
                 outcomes = parse_junit(xml)
-                counts = {}
-                for outcome in outcomes.values():
-                    counts[outcome] = counts.get(outcome, 0) + 1
+                counts = junit_outcomes.tally(outcomes)
                 results[mode]["files"][f] = {"rc": info["rc"], "seconds": info["seconds"], "counts": counts,
                                              "log": info["log"]}
                 results[mode]["outcomes"].update(("%s::%s" % (f, k), v) for k, v in outcomes.items())
                 say("  g %-10s %-40s rc=%s %5.1f s %s" % (mode, f, info["rc"], info["seconds"], counts))
         for mode in modes:
-            totals = {}
-            for outcome in results[mode]["outcomes"].values():
-                totals[outcome] = totals.get(outcome, 0) + 1
-            results[mode]["totals"] = totals
+            results[mode]["totals"] = junit_outcomes.tally(results[mode]["outcomes"])
         s["ptxbackend"] = {k: v for k, v in results["ptxbackend"].items() if k != "outcomes"}
         s["stock"] = {k: v for k, v in results["stock"].items() if k != "outcomes"}
         mine, theirs = results["ptxbackend"]["outcomes"], results["stock"]["outcomes"]
-        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        differ = junit_outcomes.differences(mine, theirs)
         s["differences"] = [{"test": k, "ptxbackend": mine.get(k), "stock": theirs.get(k)} for k in differ]
         s["not_passed"] = {m: sorted(k for k, v in results[m]["outcomes"].items() if v != "passed")
                            for m in modes}
@@ -622,23 +618,8 @@ class Harness(object):
 
 
 def parse_junit(path):
-    """{'Class::test': 'passed'|'failed'|'error'|'skipped'} from a pytest junit XML file."""
-    outcomes = {}
-    if not os.path.exists(path):
-        return outcomes
-    try:
-        root = ElementTree.parse(path).getroot()
-    except ElementTree.ParseError:
-        return outcomes
-    for case in root.iter("testcase"):
-        name = "%s::%s" % (case.get("classname", "").rsplit(".", 1)[-1], case.get("name"))
-        outcome = "passed"
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed"}.get(child.tag, child.tag)
-                break
-        outcomes[name] = outcome
-    return outcomes
+    """{'Class::test': outcome} from a pytest junit XML file (tests/junit_outcomes.py)."""
+    return junit_outcomes.parse_junit(path, short_class=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,425 @@
+"""Issue 15's acceptance run on the GPU machine: one real CuPy v2-v9 release, stock and with the hook.
+
+Started by run_gpu.sh (see README.md), under the GPU machine's own python3; the
+programs under test run under the old interpreter that build.sh staged.  Reads
+its inputs from the environment (V2V9_*), writes $OUT/v2v9-<version>.json,
+appends to $OUT/summary.txt, keeps one log per process, and exits 1 if a check
+failed.  Every step runs even after a failure.
+
+Modes, each with its own HOME, CuPy kernel cache and ptxbackend cache:
+- stock: the old interpreter itself, where ptxbackend is not installed;
+- hook: a venv of that interpreter (system site-packages visible) with the
+  project's wheel installed: its .pth start-up hook is the only link, the
+  program and CuPy's tests never import ptxbackend.
+"""
+
+import concurrent.futures
+import glob
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from junit_outcomes import differences, parse_junit, tally  # noqa: E402
+T_START = time.time()
+TEST_FILES = ("core_tests/test_elementwise.py", "core_tests/test_reduction.py", "core_tests/test_userkernel.py",
+              "core_tests/test_raw.py", "math_tests/test_arithmetic.py", "math_tests/test_sumprod.py")
+COMPILED = re.compile(r"ptxbackend: compiled (\w+) for (\S+) with (\S+)")
+HIT = re.compile(r"ptxbackend: (?:no compiler; )?cache hit ")
+DELEGATED = re.compile(r"ptxbackend: CuPy compiles this kernel itself \((.*); source sha256 ([0-9a-f?]+)\)")
+STUB = "STUB CALLED"
+# Tests that draw their inputs with cupy.random: cuRAND is a stub here (its real CUDA 11 build is 55 MB,
+# more than a call can carry beside the rest), so they would abort.  Deselected in both modes, by name.
+NEEDS_CURAND = {
+    "7.8.0": ("test_manual_indexing", "test_cuFloatComplex", "test_cuDoubleComplex"),
+    "9.6.0": ("test_manual_indexing", "test_cuFloatComplex", "test_cuDoubleComplex", "test_grid_sync_rawmodule",
+              "test_jitify2", "test_jitify3", "test_texture_input"),
+}
+
+
+def say(text):
+    print("[%6.1fs] %s" % (time.time() - T_START, text))
+    sys.stdout.flush()
+
+
+class Harness(object):
+    def __init__(self):
+        env = os.environ
+        self.version = env["V2V9_VERSION"]
+        self.out = env["OUT"]
+        self.work = env["V2V9_WORK"]
+        # One log, result and junit file per process: dozens, and only 8 files come back from the GPU
+        # machine, so they go to one folder that is packed into $OUT at the end.
+        self.logs = os.path.join(self.work, "logs")
+        self.python = env["V2V9_PYTHON"]          # the stock interpreter (no ptxbackend)
+        self.hook_python = env["V2V9_HOOK_PYTHON"]  # its venv with ptxbackend's wheel installed
+        self.libs = env["V2V9_LIBS"]
+        self.tests = env["V2V9_TESTS"]
+        self.budget = float(env.get("V2V9_BUDGET_S", "500"))
+        self.nvrtc = os.path.join(self.libs, "libnvrtc.so.11.2")
+        self.cuda_path = env["V2V9_CUDA_PATH"]
+        self.deselect = NEEDS_CURAND.get(self.version, ())
+        self.summary = {"version": self.version, "ok": None, "failures": [], "steps": {}, "machine": {}}
+        self.stock_extra = {}
+        self.max_chunks = int(env.get("V2V9_MAX_PROCESSES_PER_FILE", "6"))
+        self.tests_per_chunk = int(env.get("V2V9_TESTS_PER_PROCESS", "800"))
+
+    # ------------------------------------------------------------------ plumbing
+    def check(self, step, condition, message):
+        self.summary["steps"].setdefault(step, {}).setdefault("checks", []).append(
+            {"ok": bool(condition), "check": message})
+        say("  %s %s" % ("PASS" if condition else "FAIL", message))
+        if not condition:
+            self.summary["failures"].append("%s: %s" % (step, message))
+
+    def env(self, name, hook, extra=None):
+        """A clean environment for one scenario: its own HOME, CuPy cache and (hook) ptxbackend cache."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PTXBACKEND_", "CUPY_", "V2V9_", "CUDA_", "PYTHON"))}
+        home = os.path.join(self.work, "home-" + name)
+        os.makedirs(home, exist_ok=True)
+        # An old-toolkit machine: CUDA 11.7's headers (CuPy passes -I$CUDA_PATH/include; NVRTC 11.7 cannot
+        # read CUDA 13's cuda_fp16.h) and no nvcc on PATH (this machine's CUDA 13 nvcc knows sm_90).
+        path = [d for d in env.get("PATH", "").split(os.pathsep) if d and not os.path.exists(os.path.join(d, "nvcc"))]
+        env.update(HOME=home, LD_LIBRARY_PATH=self.libs, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1",
+                   PATH=os.pathsep.join(path), CUDA_PATH=self.cuda_path,
+                   CUPY_CACHE_DIR=os.path.join(home, "cupy-kernel-cache"), CUPY_CACHE_SAVE_CUDA_SOURCE="1")
+        if hook:
+            # The machine's CUDA 13 NVRTC is found first otherwise: name the old one, as a user of an
+            # old-toolkit machine would have only that one.
+            env.update(PTXBACKEND_NVRTC=self.nvrtc, PTXBACKEND_LOG="debug",
+                       PTXBACKEND_CACHE_DIR=os.path.join(self.work, "ptxb-cache-" + name))
+        else:
+            env.update(self.stock_extra)
+        env.update(extra or {})
+        return env
+
+    def run(self, name, argv, env, timeout, cwd=None):
+        log = os.path.join(self.logs, "%s.log" % name)
+        # A stub writes its line here too: pytest captures stderr, and an abort loses what it captured.
+        record = os.path.join(self.logs, "%s.stubs-called" % name)
+        env = dict(env, PTXB_STUB_LOG=record)
+        t0 = time.time()
+        with open(log, "w") as handle:
+            try:
+                rc = subprocess.run(argv, env=env, cwd=cwd or self.work, stdout=handle, stderr=subprocess.STDOUT,
+                                    timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout after %ds" % timeout
+        with open(log, errors="replace") as handle:
+            text = handle.read()
+        return {"rc": rc, "seconds": round(time.time() - t0, 2), "log": os.path.basename(log), "text": text,
+                "stub_record": record}
+
+    def program(self, name, hook, extra=None, env=None):
+        result_path = os.path.join(self.logs, "%s.json" % name)
+        if os.path.exists(result_path):
+            os.remove(result_path)
+        env = env or self.env(name, hook, extra)
+        info = self.run(name, [self.hook_python if hook else self.python, os.path.join(HERE, "program.py"),
+                               result_path], env, 240)
+        result = None
+        if os.path.exists(result_path):
+            with open(result_path) as handle:
+                result = json.load(handle)
+        info.update(self.log_facts(info["text"], info["stub_record"]))
+        tail = " | ".join(info["text"].strip().splitlines()[-2:])
+        say("%s: rc=%s %.1f s, compiled %d, hits %d, delegated %d%s" % (
+            name, info["rc"], info["seconds"], len(info["compiled"]), info["hits"], len(info["delegated"]),
+            "" if info["rc"] == 0 else "  [" + tail[:300] + "]"))
+        return info, result, env
+
+    @staticmethod
+    def log_facts(text, stub_record=None):
+        return {"compiled": COMPILED.findall(text), "hits": len(HIT.findall(text)),
+                "delegated": DELEGATED.findall(text),
+                "stub_called": STUB in text or bool(stub_record and os.path.exists(stub_record))}
+
+    @staticmethod
+    def census(root):
+        """{'<producer>/<target>/<kind>': n} of ptxbackend's entries, JIT results counted apart."""
+        census = {}
+        for path in glob.glob(os.path.join(root, "v*", "*", "*", "*", "*.*")):
+            producer, target = path.split(os.sep)[-4:-2]
+            if producer not in ("locks", "meta", "sysdeps") and os.path.isfile(path):
+                key = "%s/%s/%s" % (producer, target, path.rsplit(".", 1)[1])
+                census[key] = census.get(key, 0) + 1
+        jit = glob.glob(os.path.join(root, "v*", "*", "*", "jit", "*", "*", "*.cubin"))
+        if jit:
+            census["jit cubins"] = len(jit)
+        return census
+
+    @staticmethod
+    def cupy_cache(home_env):
+        """(cubin files, sha256 of each saved source) in CuPy's own kernel cache."""
+        directory = home_env["CUPY_CACHE_DIR"]
+        cubins = glob.glob(os.path.join(directory, "*.cubin"))
+        sources = set()
+        for path in glob.glob(os.path.join(directory, "*.cubin.cu")):
+            with open(path, "rb") as handle:
+                sources.add(hashlib.sha256(handle.read()).hexdigest())
+        return cubins, sources
+
+    def program_ok(self, step, result, info, what):
+        ok = info["rc"] == 0 and result is not None and result["ok"]
+        self.check(step, ok, "%s: every result equals numpy's (%s)" % (
+            what, ", ".join("%s %s" % (c["family"], c.get("case", "")) for c in (result or {}).get("checks", [])
+                            if c["ok"]) or info["log"]))
+        self.check(step, not info["stub_called"], "%s: no stand-in (stub) library function was called" % what)
+        return ok
+
+    # ------------------------------------------------------------------ steps
+    def machine(self):
+        m = self.summary["machine"]
+        try:
+            m["gpu"] = subprocess.check_output(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap",
+                                                "--format=csv,noheader"]).decode().strip()
+        except Exception as exc:
+            m["gpu"] = "nvidia-smi failed: %s" % exc
+        m["harness_python"] = sys.version.split()[0]
+        m["libs"] = sorted(os.listdir(self.libs))
+        say("machine: %s" % json.dumps(m))
+
+    def step_stock(self):
+        """a: stock CuPy on the H200 with NVRTC 11.7 (which does not know sm_90)."""
+        s = self.summary["steps"].setdefault("a_stock", {})
+        info, result, env = self.program("a_stock", hook=False)
+        s["plain"] = {"rc": info["rc"], "seconds": info["seconds"], "result": result}
+        if self.version.startswith("9."):
+            # CuPy 9 builds an sm_86 cubin (the newest NVRTC 11.1+ architecture it knows) when its wheel's
+            # CUDA is >= 11.1; the H200 (sm_90) cannot run it.  CuPy's own way out is PTX for compute_86.
+            errors = [c.get("error", "") for c in (result or {}).get("checks", []) if not c["ok"]]
+            s["plain_errors"] = sorted(set(errors))
+            self.check("a_stock", info["rc"] != 0 and any("NO_BINARY_FOR_GPU" in e or "no kernel image" in e
+                                                          for e in errors),
+                       "stock CuPy %s fails on the H200 as shipped: %s" % (self.version, (errors or ["?"])[0][:160]))
+            self.stock_extra = {"CUPY_COMPILE_WITH_PTX": "1"}
+            info, result, env = self.program("a_stock_ptx", hook=False)
+            s["ptx"] = {"rc": info["rc"], "seconds": info["seconds"], "result": result}
+            self.program_ok("a_stock", result, info, "stock with CUPY_COMPILE_WITH_PTX=1 (the baseline)")
+        else:
+            self.program_ok("a_stock", result, info, "stock CuPy %s (PTX for compute_80, driver-linked)"
+                            % self.version)
+        cubins, _ = self.cupy_cache(env)
+        s["cupy_cache_files"] = len(cubins)
+        self.check("a_stock", len(cubins) > 0, "stock CuPy filled its own kernel cache (%d files)" % len(cubins))
+        self.stock_env = env
+
+    def step_hook(self):
+        """b: the same program with ptxbackend's hook: cold, warm (a second process), PTXBACKEND_TARGET."""
+        s = self.summary["steps"].setdefault("b_hook", {})
+        info, result, env = self.program("b_hook_cold", hook=True)
+        s["cold"] = {"rc": info["rc"], "seconds": info["seconds"], "compiled": len(info["compiled"]),
+                     "targets": sorted(set(t for _k, t, _p in info["compiled"])),
+                     "producers": sorted(set(p for _k, _t, p in info["compiled"])), "result": result}
+        self.program_ok("b_hook", result, info, "with the hook, cold")
+        self.check("b_hook", bool(result and result["hook_active"]) and len(info["compiled"]) > 0,
+                   "the hook took over CuPy's compile_with_cache with no `import ptxbackend` (%d kernels compiled "
+                   "by %s for %s)" % (len(info["compiled"]), s["cold"]["producers"], s["cold"]["targets"]))
+        census = self.census(env["PTXBACKEND_CACHE_DIR"])
+        cubins, _ = self.cupy_cache(env)
+        s["census"], s["cupy_cache_files"] = census, len(cubins)
+        self.check("b_hook", sum(v for k, v in census.items() if k != "jit cubins") > 0 and not cubins,
+                   "the kernels are in ptxbackend's cache (%s); CuPy's own cache is empty (%d files)"
+                   % (census, len(cubins)))
+        warm, result2, _ = self.program("b_hook_warm", hook=True, env=env)
+        s["warm"] = {"rc": warm["rc"], "seconds": warm["seconds"], "compiled": len(warm["compiled"]),
+                     "hits": warm["hits"]}
+        self.program_ok("b_hook", result2, warm, "with the hook, a second process")
+        self.check("b_hook", warm["rc"] == 0 and not warm["compiled"] and warm["hits"] > 0,
+                   "a second process compiles nothing (%d compiles, %d cache hits)"
+                   % (len(warm["compiled"]), warm["hits"]))
+        if result and result2:
+            same = [a.get("max_rel_err") == b.get("max_rel_err") for a, b in zip(result["checks"], result2["checks"])]
+            self.check("b_hook", all(same) and len(same) == len(result["checks"]),
+                       "the warm process computes exactly what the cold one did")
+        info, result, env75 = self.program("b_hook_target75", hook=True, extra={"PTXBACKEND_TARGET": "compute_75"})
+        targets = sorted(set(t for _k, t, _p in info["compiled"]))
+        census = self.census(env75["PTXBACKEND_CACHE_DIR"])
+        s["target75"] = {"rc": info["rc"], "targets": targets, "census": census}
+        self.program_ok("b_hook", result, info, "with PTXBACKEND_TARGET=compute_75")
+        self.check("b_hook", targets == ["compute_75"] and census and all(
+            "/compute_75/" in k for k in census if k != "jit cubins"),
+            "PTXBACKEND_TARGET=compute_75 is honoured (compiled for %s; cache %s)" % (targets, census))
+
+    def step_foreign(self):
+        """c (v2-v7): a CuPy cache shared with another GPU model that clamps to the same architecture."""
+        s = self.summary["steps"].setdefault("c_shared_cache", {})
+        env = getattr(self, "stock_env", None)
+        if env is None:
+            return
+        include = glob.glob(os.path.join(os.path.dirname(os.path.dirname(self.python)), "lib", "python3*",
+                                         "site-packages", "cupy", "core", "include"))
+        staged = self.run("c_stage_sm80", [self.python, os.path.join(HERE, "stage_foreign.py"),
+                                           env["CUPY_CACHE_DIR"], include[0] if include else "?", self.nvrtc,
+                                           "sm_80", os.path.join(self.cuda_path, "include")], env, 120)
+        say("c: %s" % staged["text"].strip().splitlines()[-1:])
+        s["staged"] = {"rc": staged["rc"], "text": staged["text"][-400:]}
+        self.check("c_shared_cache", staged["rc"] == 0, "an sm_80 machine's cubins staged under the same CuPy keys")
+        info, result, _ = self.program("c_stock_shared", hook=False, env=env)
+        errors = sorted(set(c.get("error", "") for c in (result or {}).get("checks", []) if not c["ok"]))
+        s["stock"] = {"rc": info["rc"], "errors": errors}
+        self.check("c_shared_cache", info["rc"] != 0 and any("NO_BINARY_FOR_GPU" in e or "no kernel image" in e
+                                                             for e in errors),
+                   "stock CuPy %s loads the other GPU's cubin from the shared cache and fails: %s"
+                   % (self.version, (errors or ["(it did not fail)"])[0][:160]))
+        hook_env = self.env("c_hook_shared", hook=True)
+        hook_env["CUPY_CACHE_DIR"] = env["CUPY_CACHE_DIR"]  # the same poisoned CuPy cache
+        info, result, _ = self.program("c_hook_shared", hook=True, env=hook_env)
+        s["hook"] = {"rc": info["rc"]}
+        self.program_ok("c_shared_cache", result, info, "with the hook over the same shared CuPy cache")
+
+    def step_tests(self):
+        """d: CuPy's own tests from the tag, stock and with the hook: the same outcomes."""
+        s = self.summary["steps"].setdefault("d_cupy_tests", {})
+        wanted = os.environ.get("V2V9_TEST_FILES", "").split() or TEST_FILES
+        files = [f for f in wanted if os.path.exists(os.path.join(self.tests, "tests", "cupy_tests", f))]
+        s["files"] = files
+        s["missing"] = [f for f in wanted if f not in files]
+        remaining = self.budget - (time.time() - T_START) - 20
+        timeout = int(max(60, remaining))
+        s["timeout_per_file"] = timeout
+        if self.version.startswith("9.") and not self.stock_extra:
+            self.stock_extra = {"CUPY_COMPILE_WITH_PTX": "1"}  # step a's baseline, when step a did not run
+        modes = {"stock": self.env("d_stock", hook=False), "hook": self.env("d_hook", hook=True)}
+        s["stock_env"] = self.stock_extra
+        s["deselected_need_curand"] = list(self.deselect)
+        # A big file (7.8's test_arithmetic has 8,402 tests) runs as several processes, a few test classes
+        # each, so that the run fits its time budget; processes of one mode share its disk caches.
+        chunks = {}
+        for f in files:
+            n = max(1, min(self.max_chunks, self.count(f, modes["stock"]) // self.tests_per_chunk))
+            chunks[f] = ["%d/%d" % (i, n) for i in range(n)]
+        s["processes_per_file"] = {f: len(c) for f, c in chunks.items()}
+        jobs = [(mode, f, i, chunk) for f in files for i, chunk in enumerate(chunks[f]) for mode in modes]
+        # the split files first (they bound the wall time), then the bigger files
+        jobs.sort(key=lambda j: (-len(chunks[j[1]]), -os.path.getsize(os.path.join(self.tests, "tests", "cupy_tests",
+                                                                                   j[1]))))
+        say("d: %d pytest processes (%s per mode), %d s limit each" % (len(jobs), s["processes_per_file"], timeout))
+
+        def one(job):
+            mode, f, index, chunk = job
+            tag = "d_%s_%s_%d" % (mode, f.replace("/", "_").replace(".py", ""), index)
+            xml = os.path.join(self.logs, "%s.xml" % tag)
+            python = self.hook_python if mode == "hook" else self.python
+            env = dict(modes[mode], V2V9_CHUNK=chunk, PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect))
+            # --capture=no: ptxbackend's debug lines (which kernel went to CuPy, and why) must reach the log
+            info = self.run(tag, [python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q", "-rfE",
+                                  "--capture=no",
+                                  "--junitxml", xml, os.path.join("tests", "cupy_tests", f)], env, timeout,
+                            cwd=self.tests)
+            return mode, f, info, xml
+
+        results = {m: {"files": {}, "outcomes": {}, "compiled": 0, "delegated": []} for m in modes}
+
+        def add_file(mode, f, info, counts, stub_called):
+            entry = results[mode]["files"].setdefault(f, {"rc": [], "seconds": [], "counts": {},
+                                                          "stub_called": False})
+            entry["rc"].append(info["rc"])
+            entry["seconds"].append(info["seconds"])
+            for k, v in counts.items():
+                entry["counts"][k] = entry["counts"].get(k, 0) + v
+            entry["stub_called"] = entry["stub_called"] or stub_called
+        workers = max(2, min(len(jobs), (os.cpu_count() or 4) - 2))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            for mode, f, info, xml in pool.map(one, jobs):
+                outcomes = parse_junit(xml)
+                counts = tally(outcomes)
+                facts = self.log_facts(info["text"], info["stub_record"])
+                results[mode]["compiled"] += len(facts["compiled"])
+                results[mode]["delegated"] += facts["delegated"]
+                add_file(mode, f, info, counts, facts["stub_called"])
+                results[mode]["outcomes"].update(("%s::%s" % (f, k), v) for k, v in outcomes.items())
+                say("  d %-5s %-32s rc=%s %6.1f s %s" % (mode, f, info["rc"], info["seconds"], counts))
+        for mode in modes:
+            totals = results[mode]["totals"] = tally(results[mode]["outcomes"])
+            s[mode] = {"totals": totals, "files": results[mode]["files"], "compiled": results[mode]["compiled"],
+                       "not_passed": sorted(k for k, v in results[mode]["outcomes"].items() if v != "passed")}
+        mine, theirs = results["hook"]["outcomes"], results["stock"]["outcomes"]
+        differ = differences(mine, theirs)
+        s["differences"] = [{"test": k, "hook": mine.get(k), "stock": theirs.get(k)} for k in differ]
+        self.check("d_cupy_tests", sum(results["stock"]["totals"].values()) > 0 and all(
+            isinstance(rc, int) for m in modes for r in results[m]["files"].values() for rc in r["rc"]),
+            "CuPy %s's tests ran to completion in both modes (stock: %s)" % (self.version, results["stock"]["totals"]))
+        self.check("d_cupy_tests", not differ and results["hook"]["totals"] == results["stock"]["totals"],
+                   "the same outcomes with the hook %s as stock %s (%d tests differ)"
+                   % (results["hook"]["totals"], results["stock"]["totals"], len(differ)))
+        self.check("d_cupy_tests", not any(r["stub_called"] for m in modes for r in results[m]["files"].values()),
+                   "no stand-in (stub) library function was called by any test")
+        census = self.census(modes["hook"]["PTXBACKEND_CACHE_DIR"])
+        cubins, sources = self.cupy_cache(modes["hook"])
+        delegated = results["hook"]["delegated"]
+        reasons = {}
+        for reason, _digest in delegated:
+            reasons[reason] = reasons.get(reason, 0) + 1
+        unexplained = sorted(sources - set(d for _r, d in delegated))
+        s["hook_cache"] = {"census": census, "cupy_cache_files": len(cubins), "delegated_calls": reasons,
+                           "cupy_cache_sources_not_delegated": unexplained}
+        entries = sum(v for k, v in census.items() if k != "jit cubins")
+        self.check("d_cupy_tests", entries > 0 and results["hook"]["compiled"] > 0,
+                   "with the hook, ptxbackend compiled the kernels into its cache (%d compiles logged; %s)"
+                   % (results["hook"]["compiled"], census))
+        self.check("d_cupy_tests", len(sources) == len(cubins) and not unexplained,
+                   "CuPy's own cache holds only kernels delegated on purpose (%d files; delegations %s)"
+                   % (len(cubins), reasons))
+
+    def count(self, f, env):
+        """How many tests pytest collects from one file (no GPU work)."""
+        path = os.path.join(self.work, "count-" + f.replace("/", "_"))
+        self.run("d_collect_" + f.replace("/", "_").replace(".py", ""),
+                 [self.python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "chunk_plugin", "--collect-only", "-q",
+                  os.path.join("tests", "cupy_tests", f)],
+                 dict(env, V2V9_COUNT_FILE=path, PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect)), 300,
+                 cwd=self.tests)
+        try:
+            with open(path) as handle:
+                return int(handle.read())
+        except (OSError, ValueError):
+            return 0
+
+    # ------------------------------------------------------------------ driver
+    def main(self):
+        os.makedirs(self.out, exist_ok=True)
+        os.makedirs(self.logs, exist_ok=True)
+        self.machine()
+        steps = [self.step_stock, self.step_hook]
+        if self.version.startswith("7."):
+            steps.append(self.step_foreign)
+        steps.append(self.step_tests)
+        only = os.environ.get("V2V9_STEPS")  # e.g. "step_tests"
+        if only:
+            steps = [step for step in steps if step.__name__ in only.split(",")]
+        for step in steps:
+            say("=== %s: %s" % (step.__name__, (step.__doc__ or "").strip().splitlines()[0]))
+            try:
+                step()
+            except Exception as exc:  # a broken step must not hide the others
+                import traceback
+                traceback.print_exc()
+                self.check(step.__name__, False, "the step crashed: %s: %s" % (type(exc).__name__, exc))
+        self.summary["ok"] = not self.summary["failures"]
+        self.summary["seconds"] = round(time.time() - T_START, 1)
+        with open(os.path.join(self.out, "v2v9-%s.json" % self.version), "w") as handle:
+            json.dump(self.summary, handle, indent=1, sort_keys=True, default=str)
+        lines = ["CuPy %s: %s in %.0f s" % (self.version, "ALL CHECKS PASSED" if self.summary["ok"] else
+                                             "%d CHECKS FAILED" % len(self.summary["failures"]),
+                                             self.summary["seconds"])]
+        for step, data in self.summary["steps"].items():
+            for c in data.get("checks", []):
+                lines.append("  %s %s: %s" % ("PASS" if c["ok"] else "FAIL", step, c["check"]))
+        with open(os.path.join(self.out, "summary.txt"), "a") as handle:
+            handle.write("\n".join(lines) + "\n")
+        with tarfile.open(os.path.join(self.out, "v2v9-%s-logs.tar.xz" % self.version), "w:xz") as archive:
+            archive.add(self.logs, arcname="v2v9-%s-logs" % self.version)
+        print("\n".join(lines))
+        return 0 if self.summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(Harness().main())

@@ -1,0 +1,340 @@
+"""CPU checks of the CuPy v2-v9 harness (tests/cupy_v2_v9/), with real gcc-built libraries.
+
+- stubgen.py: a stub exports exactly the functions the modules import from its library (by prefix;
+  the driver's rule: cu + a capital), under a version node named like the library; a consumer built
+  against the real library loads against the stub, and a stub that is called aborts naming itself
+  (on stderr and in PTXB_STUB_LOG);
+- stubgen.py --forward: a consumer asking for ``@libnvrtc.so.11.1`` reaches another library's
+  functions through the forwarder, and a missing real library aborts naming it;
+- chunk_plugin.py: the V2V9_CHUNK slices are contiguous, disjoint and together every test (after
+  V2V9_DESELECT), and V2V9_COUNT_FILE gets the count;
+- harness.py: parse_junit, and its COMPILED / HIT / DELEGATED regexes against the log lines
+  ptxbackend really writes (the delegation's digest is the sha256 of the source CuPy saves), via log_facts;
+- the scripts' syntax (Python, and ``bash -n``).
+"""
+
+import hashlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import types
+
+import pytest
+
+from conftest import REPO, SAXPY, _missing
+from ptxbackend import cupy_integration as ci
+
+HERE = os.path.join(REPO, "tests", "cupy_v2_v9")
+STUBGEN = os.path.join(HERE, "stubgen.py")
+# harness.py is imported under its own name: tests/legacy has a `harness` module too.
+_spec = importlib.util.spec_from_file_location("cupy_v2_v9_harness", os.path.join(HERE, "harness.py"))
+harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(harness)
+CALL = "import ctypes, sys; print(getattr(ctypes.CDLL(sys.argv[1]), sys.argv[2])(*map(int, sys.argv[3:])))"
+
+
+def _run(cmd, **kwargs):
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
+
+
+def _tools():
+    for tool in ("gcc", "nm", "readelf"):
+        if not shutil.which(tool):
+            _missing("`%s`" % tool)
+
+
+def _write(path, text):
+    with open(path, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def _lib(out, soname, code, version_node=False, link=()):
+    """A shared library from C ``code`` (with the soname, optionally a version node of that name)."""
+    if not os.path.isdir(os.path.dirname(out)):
+        os.makedirs(os.path.dirname(out))
+    cmd = ["gcc", "-shared", "-fPIC", "-o", out, _write(out + ".c", code)]
+    if soname:
+        cmd += ["-Wl,-soname," + soname]
+    if version_node:
+        cmd += ["-Wl,--version-script," + _write(out + ".map", "%s { global: *; };\n" % soname)]
+    for lib_dir, name in link:
+        cmd += ["-L" + lib_dir, "-l:" + name]
+    code_, _out, err = _run(cmd)
+    assert code_ == 0, err
+    return out
+
+
+def _stubgen(*args):
+    return _run([sys.executable, STUBGEN] + list(args))
+
+
+def _build_stub(src_dir, lib_dir, soname):
+    """Exactly build.sh's command for a stub or forwarder."""
+    code, _out, err = _run(["gcc", "-shared", "-fPIC", "-O1", "-Wl,-soname," + soname,
+                            "-Wl,--version-script," + os.path.join(src_dir, soname + ".map"),
+                            "-o", os.path.join(lib_dir, soname), os.path.join(src_dir, soname + ".c"), "-ldl"])
+    assert code == 0, err
+    return os.path.join(lib_dir, soname)
+
+
+def _map_symbols(path):
+    with open(path) as handle:
+        return set(line.strip().rstrip(";") for line in handle if line.startswith("    "))
+
+
+# --------------------------------------------------------------------------- stubgen.py: stubs
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory):
+    """Real libraries, two consumer modules (one in a subfolder) and the stubs stubgen makes for them."""
+    _tools()
+    root = str(tmp_path_factory.mktemp("stubs"))
+    real, mods, src, out = (os.path.join(root, d) for d in ("real", "mods", "src", "out"))
+    # cuBLAS as CuPy 9's modules see it: versioned (cublasCreate_v2@libcublas.so.8.0)
+    _lib(os.path.join(real, "libcublas.so.8.0"), "libcublas.so.8.0",
+         "int cublasCreate_v2(void **h) { return 0; }\nint cublasDestroy_v2(void *h) { return 0; }\n", True)
+    _lib(os.path.join(real, "libcufft.so.8.0"), "libcufft.so.8.0", "int cufftPlan1d(void *p, int n) { return 0; }\n")
+    _lib(os.path.join(real, "libcuda.so.1"), "libcuda.so.1", "int cuInit(unsigned f) { return 0; }\n")
+    _lib(os.path.join(real, "libcudart.so.8.0"), "libcudart.so.8.0", "int cudaMalloc(void **p, long n) { return 0; }\n")
+    _lib(os.path.join(mods, "a.so"), None,
+         "int cublasCreate_v2(void **h);\nint cublasDestroy_v2(void *h);\n"
+         "int use_cublas(void) { void *h = 0; int r = cublasCreate_v2(&h); return r + cublasDestroy_v2(h); }\n",
+         link=[(real, "libcublas.so.8.0")])
+    _lib(os.path.join(mods, "sub", "b.so"), None,
+         "#include <stdio.h>\nint cublasCreate_v2(void **h);\nint cufftPlan1d(void *p, int n);\n"
+         "int cuInit(unsigned f);\nint cudaMalloc(void **p, long n);\n"
+         "int use_all(void) { void *h = 0; printf(\"x\"); return cublasCreate_v2(&h) + cufftPlan1d(h, 1)"
+         " + cuInit(0) + cudaMalloc(&h, 1); }\n",
+         link=[(real, n) for n in ("libcublas.so.8.0", "libcufft.so.8.0", "libcuda.so.1", "libcudart.so.8.0")])
+    code, text, err = _stubgen(mods, src, "libcublas.so.8.0", "libcufft.so.8.0", "libcuda.so.1")
+    assert code == 0, text + err
+    os.makedirs(out)
+    for soname in ("libcublas.so.8.0", "libcufft.so.8.0", "libcuda.so.1"):
+        _build_stub(src, out, soname)
+    return {"mods": mods, "src": src, "out": out}
+
+
+def test_stub_exports_exactly_the_imported_functions_under_its_version_node(stubs):
+    lib = os.path.join(stubs["out"], "libcublas.so.8.0")
+    _code, out, _err = _run(["nm", "-D", "--defined-only", lib])
+    rows = [line.split() for line in out.splitlines() if line.strip()]
+    assert set(r[2].split("@")[0] for r in rows if r[1] == "T") == {"cublasCreate_v2", "cublasDestroy_v2"}
+    assert set(r[2].split("@")[0] for r in rows if r[1] != "T") <= {"libcublas.so.8.0"}  # the node itself
+    _code, out, _err = _run(["readelf", "-V", lib])
+    nodes = [line.split("Name:")[1].strip() for line in out.splitlines()  # .gnu.version_d, past BASE
+             if "Rev:" in line and "Flags: none" in line]
+    assert nodes == ["libcublas.so.8.0"], out
+
+
+def test_each_library_gets_only_its_own_prefix_and_the_driver_only_cu_capital(stubs):
+    src = stubs["src"]
+    assert _map_symbols(os.path.join(src, "libcublas.so.8.0.map")) == {"cublasCreate_v2", "cublasDestroy_v2"}
+    assert _map_symbols(os.path.join(src, "libcufft.so.8.0.map")) == {"cufftPlan1d"}
+    assert _map_symbols(os.path.join(src, "libcuda.so.1.map")) == {"cuInit"}  # not cudaMalloc (cudart)
+    with open(os.path.join(src, "symbols.json")) as handle:
+        assert json.load(handle) == {"libcublas.so.8.0": ["cublasCreate_v2", "cublasDestroy_v2"],
+                                     "libcufft.so.8.0": ["cufftPlan1d"], "libcuda.so.1": ["cuInit"]}
+
+
+@pytest.mark.parametrize("target", ["consumer", "stub"])
+def test_a_called_stub_aborts_naming_itself(stubs, target, tmp_path):
+    """Through the consumer: its versioned imports resolve against the stub, then the call aborts; the
+    line also goes to PTXB_STUB_LOG (pytest's captured stderr is lost on abort)."""
+    if target == "consumer":
+        argv = [os.path.join(stubs["mods"], "a.so"), "use_cublas"]
+        expected = "STUB CALLED: libcublas.so.8.0 cublasCreate_v2"
+    else:
+        argv = [os.path.join(stubs["out"], "libcublas.so.8.0"), "cublasDestroy_v2"]
+        expected = "STUB CALLED: libcublas.so.8.0 cublasDestroy_v2"
+    record = str(tmp_path / "stubs-called.txt")
+    env = dict(os.environ, LD_LIBRARY_PATH=stubs["out"], PTXB_STUB_LOG=record)
+    code, out, err = _run([sys.executable, "-c", CALL] + argv, env=env)
+    assert code == -signal.SIGABRT, (code, out, err)
+    assert expected in err and "version" not in err, err
+    with open(record) as handle:
+        assert expected in handle.read()
+
+
+def test_a_name_no_module_imports_from_is_refused(stubs, tmp_path):
+    code, out, err = _stubgen(stubs["mods"], str(tmp_path / "x"), "libcurand.so.8.0")
+    assert code != 0 and "no module imports anything from libcurand.so.8.0" in err
+
+
+# --------------------------------------------------------------------------- stubgen.py --forward
+
+@pytest.fixture(scope="module")
+def forward(tmp_path_factory):
+    _tools()
+    if platform.machine() != "x86_64":
+        pytest.skip("the forwarder's trampolines are x86-64")
+    root = str(tmp_path_factory.mktemp("forward"))
+    real, build, mods, src, run = (os.path.join(root, d) for d in ("real", "build", "mods", "src", "run"))
+    _lib(os.path.join(real, "libreal.so.2"), "libreal.so.2",
+         "int nvrtcAnswer(void) { return 42; }\nint nvrtcAdd(int a, int b) { return a + b; }\n", True)
+    # what the module was linked against: the old name and version node, other answers
+    _lib(os.path.join(build, "libnvrtc.so.11.1"), "libnvrtc.so.11.1",
+         "int nvrtcAnswer(void) { return -1; }\nint nvrtcAdd(int a, int b) { return -2; }\n", True)
+    _lib(os.path.join(mods, "consumer.so"), None,
+         "int nvrtcAnswer(void);\nint nvrtcAdd(int a, int b);\n"
+         "int answer(void) { return nvrtcAnswer(); }\nint add(int a, int b) { return nvrtcAdd(a, b); }\n",
+         link=[(build, "libnvrtc.so.11.1")])
+    code, text, err = _stubgen("--forward", "libreal.so.2", mods, src, "libnvrtc.so.11.1")
+    assert code == 0, text + err
+    os.makedirs(run)
+    _build_stub(src, run, "libnvrtc.so.11.1")
+    shutil.copy(os.path.join(real, "libreal.so.2"), run)
+    return {"consumer": os.path.join(mods, "consumer.so"), "run": run, "root": root}
+
+
+def test_forwarder_reaches_the_real_library(forward):
+    env = dict(os.environ, LD_LIBRARY_PATH=forward["run"])
+    for argv, expected in ((["answer"], "42"), (["add", "1000", "234"], "1234")):
+        code, out, err = _run([sys.executable, "-c", CALL, forward["consumer"]] + argv, env=env)
+        assert (code, out.strip()) == (0, expected), err
+        assert "version" not in err, err
+
+
+def test_forwarder_without_its_real_library_aborts_naming_it(forward):
+    alone = os.path.join(forward["root"], "alone")
+    os.makedirs(alone)
+    shutil.copy(os.path.join(forward["run"], "libnvrtc.so.11.1"), alone)
+    code, out, err = _run([sys.executable, "-c", CALL, forward["consumer"], "answer"],
+                          env=dict(os.environ, LD_LIBRARY_PATH=alone))
+    assert code == -signal.SIGABRT, (code, out, err)
+    assert "libnvrtc.so.11.1 cannot load libreal.so.2" in err, err
+
+
+# --------------------------------------------------------------------------- chunk_plugin.py
+
+@pytest.mark.parametrize("deselect", ["", "test_p,test_05"])
+def test_chunks_are_contiguous_disjoint_and_complete(tmp_path, deselect):
+    """23 tests (20 plain, test_p[0-2]) in 4 slices; V2V9_DESELECT drops functions by name first."""
+    n_chunks = 4
+    _write(str(tmp_path / "test_many.py"), "import pytest\n" + "".join(
+        "def test_%02d():\n    pass\n" % i for i in range(20)) +
+        "@pytest.mark.parametrize('i', range(3))\ndef test_p(i):\n    pass\n")
+    everything = ["test_many.py::test_%02d" % i for i in range(20)] + ["test_many.py::test_p[%d]" % i for i in range(3)]
+    if deselect:
+        everything = [t for t in everything if not t.endswith(("::test_05", "]"))]
+    count_file = str(tmp_path / "count")
+    chunks = []
+    for i in range(n_chunks):
+        env = dict(os.environ, PYTHONPATH=HERE, PYTHONDONTWRITEBYTECODE="1", V2V9_CHUNK="%d/%d" % (i, n_chunks),
+                   V2V9_COUNT_FILE=count_file, V2V9_DESELECT=deselect)
+        code, out, err = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "chunk_plugin",
+                               "--collect-only", "-q", "test_many.py"], env=env, cwd=str(tmp_path))
+        assert code == 0, out + err
+        chunks.append([line.strip() for line in out.splitlines() if line.startswith("test_many.py::")])
+        with open(count_file) as handle:
+            assert handle.read() == str(len(everything))
+    assert sum(chunks, []) == everything  # in order, each test once: contiguous, disjoint, complete
+    assert max(len(c) for c in chunks) - min(len(c) for c in chunks) <= 1
+
+
+# --------------------------------------------------------------------------- harness.py
+
+def test_parse_junit(tmp_path):
+    xml = _write(str(tmp_path / "r.xml"), '<testsuites><testsuite name="pytest">'
+                 '<testcase classname="core_tests.test_x.TestA" name="test_ok" time="0.1"/>'
+                 '<testcase classname="core_tests.test_x.TestA" name="test_bad"><failure message="x"/></testcase>'
+                 '<testcase classname="core_tests.test_x.TestB" name="test_skip"><skipped/></testcase>'
+                 '<testcase classname="core_tests.test_x.TestB" name="test_err"><error message="y"/></testcase>'
+                 '</testsuite></testsuites>')
+    assert harness.parse_junit(xml) == {
+        "core_tests.test_x.TestA::test_ok": "passed", "core_tests.test_x.TestA::test_bad": "failed",
+        "core_tests.test_x.TestB::test_skip": "skipped", "core_tests.test_x.TestB::test_err": "error"}
+    assert harness.parse_junit(str(tmp_path / "missing.xml")) == {}
+
+
+def _log_facts(text, logs):
+    """Harness.log_facts for one process whose stub record would be ``logs/p.stubs-called``."""
+    return harness.Harness.log_facts(text, os.path.join(logs, "p.stubs-called"))
+
+
+def test_compiled_and_hit_match_ptxbackends_own_log_lines(nvcc13, tmp_path):
+    env = dict(os.environ, PTXBACKEND_LOG="debug", PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"),
+               PTXBACKEND_COMPILER="nvcc", PTXBACKEND_NVCC=nvcc13,
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    program = ("import ptxbackend\na = ptxbackend.compile(%r, target='compute_75')\n"
+               "print(a.key, a.target, a.producer, a.cache_hit)" % SAXPY)
+    runs = []
+    for _ in range(2):
+        code, out, err = _run([sys.executable, "-c", program], env=env, cwd=str(tmp_path))
+        assert code == 0, err
+        runs.append((out.split(), err))
+    (key, target, producer, hit), err = runs[0]
+    assert (target, hit) == ("compute_75", "False")
+    assert harness.COMPILED.findall(err) == [(key[:12], "compute_75", producer)], err
+    assert not harness.HIT.search(err), err
+    (key2, _t, _p, hit2), err2 = runs[1]
+    assert (key2, hit2) == (key, "True")
+    facts = _log_facts(err2, str(tmp_path))
+    assert (facts["compiled"], facts["hits"], facts["delegated"]) == ([], 1, []), err2
+
+
+def test_delegated_matches_the_hook_log_and_names_the_source_digest(tmp_path):
+    compiler = types.ModuleType("cupy.cuda.compiler")
+    compiler.runtime = types.SimpleNamespace(is_hip=False)
+    calls = []
+
+    def compile_with_cache(source, options=(), arch=None, cache_dir=None, extra_source=None, backend='nvrtc', *,
+                           enable_cooperative_groups=False, name_expressions=None, log_stream=None, jitify=False):
+        calls.append(source)
+        return "CuPy's own module"
+    compiler.compile_with_cache = compile_with_cache
+    assert ci.generation(compiler) == "v2-v9"
+    replacement = ci._make_replacement(compiler, "v2-v9", compile_with_cache)
+    first = 'extern "C" __global__ void k1(float* x) { x[0] = 1.0f; }\n'
+    second = 'template<typename T> __global__ void k2(T* x) { x[0] = T(2); }\n'
+
+    logger = logging.getLogger("ptxbackend")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))  # as PTXBACKEND_LOG writes them
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        assert replacement(first, ("-DX=1",), jitify=True) == "CuPy's own module"
+        assert replacement(second, name_expressions=["k2<float>"]) == "CuPy's own module"
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    text = stream.getvalue()
+    assert calls == [first, second]
+    expected = [("jitify", hashlib.sha256(first.encode()).hexdigest()),
+                ("name_expressions", hashlib.sha256(second.encode()).hexdigest())]
+    assert harness.DELEGATED.findall(text) == expected, text
+    logs = str(tmp_path)
+    facts = _log_facts(text + "ptxbackend harness: STUB CALLED: libcublas.so.11 cublasCreate_v2\n", logs)
+    assert (facts["compiled"], facts["hits"], facts["delegated"], facts["stub_called"]) == ([], 0, expected, True)
+    assert _log_facts(text, logs)["stub_called"] is False
+    _write(os.path.join(logs, "other.stubs-called"), "ptxbackend harness: STUB CALLED: libcurand.so.10 x\n")
+    assert _log_facts(text, logs)["stub_called"] is False  # another process's record is not this one's
+    _write(os.path.join(logs, "p.stubs-called"), "ptxbackend harness: STUB CALLED: libcurand.so.10 x\n")
+    assert _log_facts(text, logs)["stub_called"] is True  # a stub's own record, when pytest lost its stderr
+
+
+# --------------------------------------------------------------------------- the scripts' syntax
+
+@pytest.mark.parametrize("script", sorted(f for f in os.listdir(HERE) if f.endswith(".py")))
+def test_python_scripts_compile(script):
+    with open(os.path.join(HERE, script), "rb") as handle:
+        compile(handle.read(), script, "exec")  # no bytecode written into the checkout
+
+
+@pytest.mark.parametrize("script", ["build.sh", "run_gpu.sh"])
+def test_shell_scripts_parse(script):
+    if not shutil.which("bash"):
+        pytest.skip("no bash")
+    code, out, err = _run(["bash", "-n", os.path.join(HERE, script)])
+    assert code == 0, out + err
