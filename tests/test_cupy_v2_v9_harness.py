@@ -22,6 +22,7 @@ import os
 import platform
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import types
@@ -338,3 +339,43 @@ def test_shell_scripts_parse(script):
         pytest.skip("no bash")
     code, out, err = _run(["bash", "-n", os.path.join(HERE, script)])
     assert code == 0, out + err
+
+
+# --------------------------------------------------------------------------- stage_foreign.py
+
+def _elf_sm(cubin):
+    """The SM a CUDA cubin is for: the low byte of the ELF header's e_flags (offset 48 in ELF64)."""
+    return struct.unpack_from("<I", cubin, 48)[0] & 0xFF
+
+
+def test_stage_foreign_writes_what_another_gpu_model_would(nvrtc117, tmp_path):
+    """What step c stages: for each cached kernel with its saved source, the same source built by the same
+    NVRTC for another architecture, in CuPy's file format (md5 hex of the cubin, then the cubin), under
+    the same name; headers come from CuPy's include folder and the CUDA include folder."""
+    cache, include, cuda_include = (str(tmp_path / d) for d in ("kernel_cache", "cupy_include", "cuda_include"))
+    for folder in (cache, os.path.join(include, "cupy"), cuda_include):
+        os.makedirs(folder)
+    _write(os.path.join(include, "cupy", "carray.cuh"), "#include <scale.h>\n")
+    _write(os.path.join(cuda_include, "scale.h"), "#define PTXB_SCALE 2.0f\n")
+    name = os.path.join(cache, "0123456789abcdef0123456789abcdef_2.cubin")
+    _write(name, "a cubin from this GPU")
+    _write(name + ".cu", '#include <cupy/carray.cuh>\n'
+                         'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= PTXB_SCALE; }\n')
+    script = os.path.join(HERE, "stage_foreign.py")
+    sms = []
+    for arch in ("sm_80", "sm_86"):
+        proc = subprocess.run([sys.executable, script, cache, include, nvrtc117, arch, cuda_include],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.returncode == 0, proc.stdout.decode()
+        with open(name, "rb") as handle:
+            data = handle.read()
+        assert data[:32] == hashlib.md5(data[32:]).hexdigest().encode("ascii")  # CuPy 7.8's own check
+        assert data[32:36] == b"\x7fELF"
+        sms.append(_elf_sm(data[32:]))
+    assert sms == [80, 86]
+    # Without the CUDA include folder the source does not compile, and nothing is written.
+    proc = subprocess.run([sys.executable, script, cache, include, nvrtc117, "sm_80", str(tmp_path)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode != 0 and b"scale.h" in proc.stdout
+    with open(name, "rb") as handle:
+        assert handle.read() == data
