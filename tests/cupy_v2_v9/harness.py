@@ -69,6 +69,8 @@ class Harness(object):
         self.stock_extra = {}
         self.max_chunks = int(env.get("V2V9_MAX_PROCESSES_PER_FILE", "6"))
         self.tests_per_chunk = int(env.get("V2V9_TESTS_PER_PROCESS", "800"))
+        # Only these slices of each file (e.g. "0,1"): a file too big for one call runs over several.
+        self.only_slices = [int(i) for i in env.get("V2V9_ONLY_SLICES", "").split(",") if i.strip()]
 
     # ------------------------------------------------------------------ plumbing
     def check(self, step, condition, message):
@@ -295,7 +297,8 @@ class Harness(object):
         chunks = {}
         for f in files:
             n = max(1, min(self.max_chunks, self.count(f, modes["stock"]) // self.tests_per_chunk))
-            chunks[f] = ["%d/%d" % (i, n) for i in range(n)]
+            chunks[f] = ["%d/%d" % (i, n) for i in range(n) if not self.only_slices or i in self.only_slices]
+        s["slices"] = chunks
         s["processes_per_file"] = {f: len(c) for f, c in chunks.items()}
         jobs = [(mode, f, i, chunk) for f in files for i, chunk in enumerate(chunks[f]) for mode in modes]
         # the split files first (they bound the wall time), then the bigger files
