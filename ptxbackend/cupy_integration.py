@@ -13,7 +13,8 @@ passes and returns CuPy's own ``function.Module``.  Calls needing something
 ptxbackend does not do (jitify, name expressions, relocatable device code, a
 compiler log, LTO IR, HIP) go to CuPy's original function, and so does any call
 ptxbackend fails to serve, except for a ptxbackend configuration error: a
-kernel stock CuPy would have run must still run.
+kernel stock CuPy would have run must still run.  Where CuPy 9+ would build
+such a kernel as SASS the GPU cannot run, it is switched to PTX first.
 
 Importing this module never imports CuPy.
 """
@@ -220,6 +221,39 @@ def _is_configuration_error(exc):
     return isinstance(exc, (TargetError, ConfigError))
 
 
+def _sass_runs_on(built, device):
+    """Whether SASS built for compute capability ``built`` ('86') runs on a ``device`` ('90') GPU:
+    the same major version and not newer (the driver's rule for cubins)."""
+    built, device = int(built), int(device)
+    return built // 10 == device // 10 and built <= device
+
+
+def _let_cupy_build_runnable_code(compiler_module):
+    """Before a call goes to CuPy's own compiler: make what CuPy builds run on this GPU.
+
+    CuPy 9+ asks NVRTC for SASS of min(GPU, the newest architecture its own table
+    knows); on a GPU of a later generation (an H200 with NVRTC 11.x: an sm_86
+    cubin) every kernel CuPy builds itself fails with CUDA_ERROR_NO_BINARY_FOR_GPU.
+    CuPy's own way out is PTX (what CUPY_COMPILE_WITH_PTX=1 selects), which the
+    driver JIT-compiles for the GPU.  It is turned on only where CuPy's SASS could
+    not run; v2-v8 and Chainer's CuPy build PTX or link for the device anyway.
+    """
+    if getattr(compiler_module, "_use_ptx", None) is not False:
+        return  # no such switch (v1-v8), or PTX already (the user's CUPY_COMPILE_WITH_PTX=1)
+    try:
+        built = compiler_module._get_arch()
+        device = compiler_module.device.Device().compute_capability
+        if _sass_runs_on(built, device):
+            return
+    except Exception as exc:  # whatever CuPy does next reports its own errors better
+        log.debug("ptxbackend: could not compare CuPy's architecture with the GPU's: %s: %s",
+                  type(exc).__name__, exc)
+        return
+    compiler_module._use_ptx = True
+    log.debug("ptxbackend: CuPy's own compiler would build sm_%s code, which this compute capability %s GPU "
+              "cannot run: it builds PTX instead (as CUPY_COMPILE_WITH_PTX=1 does)", built, device)
+
+
 def _make_replacement(compiler_module, gen, original):
     signature = inspect.signature(original)
     bind = _binder(signature)
@@ -236,6 +270,7 @@ def _make_replacement(compiler_module, gen, original):
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("ptxbackend: CuPy compiles this kernel itself (%s; source sha256 %s)", reason,
                           _source_digest(args, kwargs))
+            _let_cupy_build_runnable_code(compiler_module)
             return original(*args, **kwargs)
         try:
             return _serve(compiler_module, gen, call)
@@ -249,6 +284,7 @@ def _make_replacement(compiler_module, gen, original):
                 log.warning("ptxbackend: %s: %s; CuPy's own compiler takes over for this kernel "
                             "(PTXBACKEND_LOG=debug names each one)", type(exc).__name__, first)
             # Inside the handler on purpose: if CuPy fails too, its error chains ours.
+            _let_cupy_build_runnable_code(compiler_module)
             return original(*args, **kwargs)
 
     setattr(replacement, _MARK, original)

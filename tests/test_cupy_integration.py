@@ -366,3 +366,64 @@ def test_the_argument_binder_agrees_with_inspect(function, args, kwargs):
     except TypeError:
         got = TypeError
     assert got == expected
+
+
+# --------------------------------------------------------------------------- what CuPy builds when it compiles itself
+
+@pytest.mark.parametrize("built, device, runs", [
+    ("86", "90", False), ("80", "86", True), ("90", "90", True), ("87", "86", False), ("75", "80", False),
+    ("100", "103", True), ("90", "100", False), ("61", "61", True),
+])
+def test_sass_runs_only_on_its_own_major_version_and_not_older_gpus(built, device, runs):
+    assert ci._sass_runs_on(built, device) is runs
+
+
+def _cupy9_like_compiler(device_cc, use_ptx=False):
+    """A module shaped like CuPy 9's compiler where it matters here: its ``_use_ptx`` switch, its
+    ``_get_arch()`` (min(GPU, the newest architecture its table knows for NVRTC 11.x: '86')), the
+    device it asks, and a ``compile_with_cache`` that says what it would build."""
+    module = types.ModuleType("cupy9_like_compiler")
+    module._use_ptx = use_ptx
+    module._get_arch = lambda: min(device_cc, "86")
+    module.device = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(compute_capability=device_cc))
+
+    def compile_with_cache(source, options=(), arch=None, cache_dir=None, extra_source=None, backend="nvrtc",
+                           enable_cooperative_groups=False, name_expressions=None, log_stream=None,
+                           jitify=False):
+        return "compute_%s PTX" % module._get_arch() if module._use_ptx else "sm_%s cubin" % module._get_arch()
+    module.compile_with_cache = compile_with_cache
+    return module
+
+
+@pytest.mark.parametrize("device_cc, built", [("90", "compute_86 PTX"), ("86", "sm_86 cubin"),
+                                              ("80", "sm_80 cubin")])
+def test_a_delegated_kernel_is_built_as_ptx_where_cupys_sass_could_not_run(device_cc, built, records):
+    module = _cupy9_like_compiler(device_cc)
+    ours = ci._make_replacement(module, "v2-v9", module.compile_with_cache)
+    assert ours(KERNEL, jitify=True) == built  # jitify: always CuPy's own compiler
+    assert module._use_ptx is (device_cc == "90")
+    flipped = [m for m in _messages(records, logging.DEBUG) if "it builds PTX instead" in m]
+    assert len(flipped) == (1 if device_cc == "90" else 0)
+
+
+def test_the_switch_is_left_alone_where_cupy_has_none_or_it_cannot_ask_the_gpu():
+    module = _cupy9_like_compiler("90")
+    del module._use_ptx  # CuPy v2-v8: no such switch (they build PTX, or link it for the device)
+    ci._let_cupy_build_runnable_code(module)
+    assert not hasattr(module, "_use_ptx")
+    module = _cupy9_like_compiler("90")
+
+    def no_gpu():
+        raise RuntimeError("cudaErrorNoDevice")
+    module.device = types.SimpleNamespace(Device=no_gpu)
+    ci._let_cupy_build_runnable_code(module)
+    assert module._use_ptx is False
+
+
+def test_a_kernel_ptxbackend_fails_to_serve_is_built_as_ptx_by_cupy_too(records):
+    # This stand-in has no runtime or function module for ptxbackend to load through, so serving fails
+    # (on any machine) and the call falls back to CuPy's own function.
+    module = _cupy9_like_compiler("90")
+    ours = ci._make_replacement(module, "v2-v9", module.compile_with_cache)
+    assert ours(KERNEL) == "compute_86 PTX"
+    assert any("could not serve a CuPy kernel" in m for m in _messages(records, logging.DEBUG))
