@@ -1,20 +1,19 @@
-"""pytest's junit files as outcomes, for the GPU harnesses (tests/legacy, tests/cupy_v2_v9).
+"""pytest's junit files as outcomes, for the legacy GPU harness (tests/legacy).
 
-Both compare the outcome of every test with and without ptxbackend, so both read
-junit files the same way: a missing or truncated file (a process killed at its
-time limit) counts as no outcomes, not as an error of the harness.
+It compares the outcome of every test with and without ptxbackend: a missing or
+truncated file (a process killed at its time limit) counts as no outcomes, not
+as an error of the harness.  (tests/cupy_v2_v9 records outcomes as they happen
+instead, see its ledger.py: its runs span several calls.)
 """
 
 import os
 import xml.etree.ElementTree as ElementTree
 
 
-def parse_junit(path, short_class=False):
+def parse_junit(path):
     """{'<class>::<test>': 'passed'|'failed'|'error'|'skipped'} from a junit file ({} if absent or cut short).
 
-    ``short_class`` keeps only the last dotted part of the class name (``TestA`` for
-    ``tests.x.TestA``); CuPy's parameterized class names hold dots of their own, so
-    the v2-v9 harness keeps them whole.
+    The class is the last dotted part of junit's class name (``TestA`` for ``tests.x.TestA``).
     """
     outcomes = {}
     if not os.path.exists(path):
@@ -24,9 +23,7 @@ def parse_junit(path, short_class=False):
     except ElementTree.ParseError:
         return outcomes
     for case in root.iter("testcase"):
-        classname = case.get("classname", "")
-        if short_class:
-            classname = classname.rsplit(".", 1)[-1]
+        classname = case.get("classname", "").rsplit(".", 1)[-1]
         outcome = "passed"
         for child in case:
             if child.tag in ("failure", "error", "skipped"):

@@ -6,9 +6,11 @@
   (on stderr and in PTXB_STUB_LOG);
 - stubgen.py --forward: a consumer asking for ``@libnvrtc.so.11.1`` reaches another library's
   functions through the forwarder, and a missing real library aborts naming it;
-- chunk_plugin.py: the V2V9_CHUNK slices are contiguous, disjoint and together every test (after
-  V2V9_DESELECT), and V2V9_COUNT_FILE gets the count;
-- harness.py: parse_junit, and its COMPILED / HIT / DELEGATED regexes against the log lines
+- chunk_plugin.py: V2V9_IDS_FILE gets the collection (after V2V9_DESELECT), V2V9_RANGE runs those
+  positions, V2V9_PROGRESS gets each outcome as junit would name it, and a crash leaves what came before;
+- ledger.py: missing ranges, a crash found after the fact, the round trip, stale entries, the comparison;
+- harness.py: step d resumes from earlier calls' ledgers and compares over all of them (real pytest
+  processes, one of whose tests aborts); its COMPILED / HIT / DELEGATED regexes against the log lines
   ptxbackend really writes (the delegation's digest is the sha256 of the source CuPy saves), via log_facts;
 - the scripts' syntax (Python, and ``bash -n``).
 """
@@ -38,6 +40,7 @@ STUBGEN = os.path.join(HERE, "stubgen.py")
 _spec = importlib.util.spec_from_file_location("cupy_v2_v9_harness", os.path.join(HERE, "harness.py"))
 harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)
+import ledger  # noqa: E402  (harness.py put tests/cupy_v2_v9 on sys.path)
 CALL = "import ctypes, sys; print(getattr(ctypes.CDLL(sys.argv[1]), sys.argv[2])(*map(int, sys.argv[3:])))"
 
 
@@ -216,45 +219,202 @@ def test_forwarder_without_its_real_library_aborts_naming_it(forward):
 
 # --------------------------------------------------------------------------- chunk_plugin.py
 
-@pytest.mark.parametrize("deselect", ["", "test_p,test_05"])
-def test_chunks_are_contiguous_disjoint_and_complete(tmp_path, deselect):
-    """23 tests (20 plain, test_p[0-2]) in 4 slices; V2V9_DESELECT drops functions by name first."""
-    n_chunks = 4
-    _write(str(tmp_path / "test_many.py"), "import pytest\n" + "".join(
-        "def test_%02d():\n    pass\n" % i for i in range(20)) +
-        "@pytest.mark.parametrize('i', range(3))\ndef test_p(i):\n    pass\n")
-    everything = ["test_many.py::test_%02d" % i for i in range(20)] + ["test_many.py::test_p[%d]" % i for i in range(3)]
+PLUGIN_TESTS = """import os, pytest
+
+def test_00():
+    pass
+
+def test_01():
+    assert os.environ.get("PTXB_T_FAIL") != "1"
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup")
+
+def test_02(broken):
+    pass
+
+def test_03():
+    pytest.skip("no")
+
+@pytest.mark.xfail(reason="known")
+def test_04():
+    assert False
+
+def test_05():
+    if os.environ.get("PTXB_T_CRASH") == "1":
+        os.abort()
+
+@pytest.mark.parametrize("i", range(3))
+def test_p(i):
+    pass
+"""
+
+
+def _plugin(tmp_path, **env):
+    """Run pytest with chunk_plugin over PLUGIN_TESTS; returns (rc, stdout, progress lines, collected ids)."""
+    if not os.path.exists(str(tmp_path / "test_many.py")):
+        _write(str(tmp_path / "test_many.py"), PLUGIN_TESTS)
+    progress, ids = str(tmp_path / "progress.jsonl"), str(tmp_path / "ids.json")
+    for path in (progress, ids):
+        if os.path.exists(path):
+            os.remove(path)
+    env = dict(os.environ, PYTHONPATH=HERE, PYTHONDONTWRITEBYTECODE="1", V2V9_PROGRESS=progress,
+               V2V9_IDS_FILE=ids, **env)
+    code, out, err = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q",
+                           "test_many.py"], env=env, cwd=str(tmp_path))
+    with open(ids) as handle:
+        collected = json.load(handle)
+    return code, out + err, ledger.progress(progress), collected
+
+
+def test_progress_records_each_outcome_as_junit_names_it(tmp_path):
+    code, out, done, ids = _plugin(tmp_path, PTXB_T_FAIL="1")
+    assert code == 1, out
+    assert ids == ["test_many.py::test_%02d" % i for i in range(6)] + ["test_many.py::test_p[%d]" % i
+                                                                       for i in range(3)]
+    assert done == {0: (ids[0], "passed"), 1: (ids[1], "failed"), 2: (ids[2], "error"), 3: (ids[3], "skipped"),
+                    4: (ids[4], "skipped"), 5: (ids[5], "passed"), 6: (ids[6], "passed"), 7: (ids[7], "passed"),
+                    8: (ids[8], "passed")}
+
+
+@pytest.mark.parametrize("deselect", ["", "test_p,test_03"])
+def test_a_range_runs_those_positions_of_the_collection_after_deselection(tmp_path, deselect):
+    _code, out, everything, ids = _plugin(tmp_path, V2V9_DESELECT=deselect)
     if deselect:
-        everything = [t for t in everything if not t.endswith(("::test_05", "]"))]
-    count_file = str(tmp_path / "count")
-    chunks = []
-    for i in range(n_chunks):
-        env = dict(os.environ, PYTHONPATH=HERE, PYTHONDONTWRITEBYTECODE="1", V2V9_CHUNK="%d/%d" % (i, n_chunks),
-                   V2V9_COUNT_FILE=count_file, V2V9_DESELECT=deselect)
-        code, out, err = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "chunk_plugin",
-                               "--collect-only", "-q", "test_many.py"], env=env, cwd=str(tmp_path))
-        assert code == 0, out + err
-        chunks.append([line.strip() for line in out.splitlines() if line.startswith("test_many.py::")])
-        with open(count_file) as handle:
-            assert handle.read() == str(len(everything))
-    assert sum(chunks, []) == everything  # in order, each test once: contiguous, disjoint, complete
-    assert max(len(c) for c in chunks) - min(len(c) for c in chunks) <= 1
+        assert ids == ["test_many.py::test_%02d" % i for i in (0, 1, 2, 4, 5)]
+    assert sorted(everything) == list(range(len(ids))), out
+    code, out, done, ids2 = _plugin(tmp_path, V2V9_DESELECT=deselect, V2V9_RANGE="1:4")
+    assert ids2 == ids  # the whole collection, whatever the range
+    assert done == {i: everything[i] for i in (1, 2, 3)}, out
 
 
-# --------------------------------------------------------------------------- harness.py
+def test_a_crash_leaves_the_outcomes_before_it_and_the_harness_finds_the_crashed_test(tmp_path):
+    code, out, done, ids = _plugin(tmp_path, PTXB_T_CRASH="1", V2V9_RANGE="3:8")
+    assert code == -signal.SIGABRT, out
+    assert sorted(done) == [3, 4]
+    assert ledger.after_exit(3, 8, done) == (5, (6, 8))  # test_05 crashed; 6-7 go to a new process
+    assert ledger.after_exit(3, 6, {3: "x", 4: "x", 5: "x"}) == (None, None)
+    assert ledger.after_exit(3, 6, {3: "x", 4: "x"}) == (5, None)
 
-def test_parse_junit(tmp_path):
-    xml = _write(str(tmp_path / "r.xml"), '<testsuites><testsuite name="pytest">'
-                 '<testcase classname="core_tests.test_x.TestA" name="test_ok" time="0.1"/>'
-                 '<testcase classname="core_tests.test_x.TestA" name="test_bad"><failure message="x"/></testcase>'
-                 '<testcase classname="core_tests.test_x.TestB" name="test_skip"><skipped/></testcase>'
-                 '<testcase classname="core_tests.test_x.TestB" name="test_err"><error message="y"/></testcase>'
-                 '</testsuite></testsuites>')
-    assert harness.parse_junit(xml) == {
-        "core_tests.test_x.TestA::test_ok": "passed", "core_tests.test_x.TestA::test_bad": "failed",
-        "core_tests.test_x.TestB::test_skip": "skipped", "core_tests.test_x.TestB::test_err": "error"}
-    assert harness.parse_junit(str(tmp_path / "missing.xml")) == {}
 
+# --------------------------------------------------------------------------- ledger.py
+
+def test_missing_ranges_cover_exactly_what_is_missing_in_bounded_pieces():
+    assert ledger.missing_ranges(10, set(), 4) == [(0, 4), (4, 8), (8, 10)]
+    assert ledger.missing_ranges(10, {0, 1, 5}, 3) == [(2, 5), (6, 9), (9, 10)]
+    assert ledger.missing_ranges(3, {0, 1, 2}, 2) == []
+    assert ledger.missing_ranges(0, set(), 2) == []
+
+
+def test_ledger_round_trip_stale_entries_and_comparison(tmp_path):
+    ids = {"a.py": ["a::t0", "a::t1", "a::t2"], "b.py": ["b::t0"]}
+    entries = {("a.py", "stock", 0): ("a::t0", "passed"), ("a.py", "hook", 0): ("a::t0", "passed"),
+               ("a.py", "stock", 1): ("a::t1", "failed"), ("a.py", "hook", 1): ("a::t1", "passed"),
+               ("a.py", "stock", 2): ("a::t2", "skipped"),
+               ("b.py", "stock", 0): ("b::t0", "passed"), ("b.py", "hook", 0): ("b::t0", "passed")}
+    path = str(tmp_path / "l.jsonl.gz")
+    ledger.write(path, entries)
+    later = str(tmp_path / "m.jsonl.gz")
+    ledger.write(later, {("a.py", "hook", 2): ("a::t2", "skipped")})
+    merged = ledger.read([path, later])
+    expected = dict(entries)
+    expected[("a.py", "hook", 2)] = ("a::t2", "skipped")
+    assert merged == expected
+    assert ledger.stale(merged, ids) == []
+    assert ledger.stale(merged, {"a.py": ["a::t0", "a::OTHER"], "b.py": ids["b.py"]}) == [
+        ("a.py", "hook", 1), ("a.py", "hook", 2), ("a.py", "stock", 1), ("a.py", "stock", 2)]
+    report = ledger.compare(merged, ids)
+    assert report["complete"] is True
+    assert report["differences"] == [{"file": "a.py", "i": 1, "id": "a::t1", "stock": "failed", "hook": "passed"}]
+    assert report["files"]["a.py"]["stock"] == {"passed": 1, "failed": 1, "skipped": 1}
+    del merged[("b.py", "hook", 0)]
+    report = ledger.compare(merged, ids)
+    assert report["complete"] is False and report["files"]["b.py"]["done_in_both"] == 0
+
+
+# --------------------------------------------------------------------------- harness.py step d
+
+STEP_D_TESTS = """import os
+
+def test_ok():
+    pass
+
+def test_differs():
+    assert "PTXBACKEND_CACHE_DIR" not in os.environ   # set in the hook mode only
+
+def test_crash():
+    os.abort()
+
+""" + "".join("def test_more_%d():\n    pass\n\n" % i for i in range(4))
+
+
+def _step_d(tmp_path, ledger_dir, files):
+    """Harness.step_tests over two small files of plain pytest tests (this interpreter in both modes)."""
+    tests = tmp_path / "cupy_tests"
+    for f in files:
+        path = tests / "tests" / "cupy_tests" / f
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write(str(path), STEP_D_TESTS)
+    work, out = tmp_path / "work", tmp_path / "out"
+    for d in (work / "logs", out, tmp_path / "libs"):
+        d.mkdir(parents=True, exist_ok=True)
+    env = {"V2V9_VERSION": "7.8.0", "OUT": str(out), "V2V9_WORK": str(work), "V2V9_PYTHON": sys.executable,
+           "V2V9_HOOK_PYTHON": sys.executable, "V2V9_LIBS": str(tmp_path / "libs"), "V2V9_TESTS": str(tests),
+           "V2V9_CUDA_PATH": str(tmp_path), "V2V9_LEDGER": str(ledger_dir), "V2V9_TESTS_PER_PROCESS": "3",
+           "V2V9_PROCESSES": "2", "V2V9_TEST_FILES": " ".join(files)}
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        h = harness.Harness()
+        h.step_tests()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return h.summary, str(out / "v2v9-7.8.0-ledger.jsonl.gz")
+
+
+def test_step_d_resumes_from_the_ledger_and_compares_over_all_calls(tmp_path):
+    files = ["core_tests/test_one.py", "math_tests/test_two.py"]
+    empty = tmp_path / "ledger0"
+    empty.mkdir()
+    summary, written = _step_d(tmp_path, empty, files[:1])
+    d = summary["steps"]["d_cupy_tests"]
+    row = d["files_report"]["core_tests/test_one.py"]
+    assert (row["collected"], row["done_in_both"]) == (7, 7)
+    assert row["stock"] == {"passed": 6, "crashed": 1}, d["processes"]
+    assert row["hook"] == {"passed": 5, "failed": 1, "crashed": 1}
+    assert [(x["i"], x["stock"], x["hook"]) for x in d["differences"]] == [(1, "passed", "failed")]
+    # ranges 0-3, 3-6, 6-7 a mode; test 2 crashes the 0-3 processes at their last test: nothing to re-run
+    assert d["this_call"]["processes"] == 6 and d["this_call"]["tests"] == 14
+    # a second call with that ledger runs only what is new: the second file
+    carried = tmp_path / "ledger1"
+    carried.mkdir()
+    shutil.copy(written, str(carried / "call1.jsonl.gz"))
+    summary, written = _step_d(tmp_path, carried, files)
+    d = summary["steps"]["d_cupy_tests"]
+    assert d["ledger_in"] == {"entries": 14, "stale": 0}
+    assert d["this_call"]["tests"] == 14 and all("test_two" in p["tag"] for p in d["processes"])
+    assert [(x["file"], x["i"]) for x in d["differences"]] == [(f, 1) for f in files]
+    checks = {c["check"].split(" (")[0]: c["ok"] for c in d["checks"]}
+    assert checks["every test ran in both modes, over this call and earlier ones"] is True
+    assert checks["earlier calls' outcomes match this collection"] is True
+    # an earlier outcome filed under another test's position is dropped and reported, then run again
+    entries = ledger.read([written])
+    entries[("core_tests/test_one.py", "hook", 6)] = ("core_tests/test_one.py::test_renamed", "passed")
+    del entries[("core_tests/test_one.py", "stock", 5)]
+    ledger.write(str(carried / "call1.jsonl.gz"), entries)
+    summary, _ = _step_d(tmp_path, carried, files)
+    d = summary["steps"]["d_cupy_tests"]
+    assert d["ledger_in"]["stale"] == 1
+    assert sorted(p["tag"] for p in d["processes"]) == ["d_hook_core_tests_test_one_6-7",
+                                                          "d_stock_core_tests_test_one_5-6"]
+    checks = {c["check"].split(" (")[0]: c["ok"] for c in d["checks"]}
+    assert checks["earlier calls' outcomes match this collection"] is False
+
+
+# --------------------------------------------------------------------------- harness.py log lines
 
 def _log_facts(text, logs):
     """Harness.log_facts for one process whose stub record would be ``logs/p.stubs-called``."""

@@ -1,33 +1,69 @@
-"""A pytest plugin (``-p chunk_plugin``) that runs one contiguous share of a file's tests.
+"""A pytest plugin (``-p chunk_plugin``) that runs one contiguous range of a file's tests and records each
+outcome the moment the test ends.
 
 CuPy's parameterized test classes carry numpy reprs, newlines included, in
 their names, so node ids cannot be passed on a command line; the harness
-splits by position instead.  V2V9_CHUNK=i/n keeps the i-th of n slices of the
-collected tests (the same slices in every mode); V2V9_COUNT_FILE=path writes
-how many tests were collected; V2V9_DESELECT=name,... drops test functions by
-name first.
+addresses tests by position instead.  Environment:
+
+- V2V9_DESELECT=name,...: drop test functions by name first (in every mode);
+- V2V9_IDS_FILE=path: write the collected node ids (a JSON list), position = index;
+- V2V9_RANGE=a:b: keep the tests at positions a..b-1 of that list;
+- V2V9_PROGRESS=path: append one JSON line per finished test, ``{"i", "id", "outcome"}``, flushed at once,
+  so that a process killed at its time limit (or by a crash) leaves the outcomes of the tests it finished.
+  Outcomes read like pytest's junit files: a failure in setup or teardown is "error", in the test
+  "failed"; a skip or an expected failure "skipped"; anything else "passed".
 """
 
+import json
 import os
+
+_positions = {}
+_reports = {}
 
 
 def pytest_collection_modifyitems(session, config, items):
-    # V2V9_DESELECT=name,name: test functions that cannot run here (see the harness), in every mode
     names = set(n for n in os.environ.get("V2V9_DESELECT", "").split(",") if n)
     if names:
         dropped = [item for item in items if getattr(item, "originalname", None) in names or item.name in names]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = [item for item in items if item not in dropped]
-    count_file = os.environ.get("V2V9_COUNT_FILE")
-    if count_file:
-        with open(count_file, "w") as handle:
-            handle.write(str(len(items)))
-    chunk = os.environ.get("V2V9_CHUNK")
-    if chunk:
-        index, total = (int(x) for x in chunk.split("/"))
-        total_items = len(items)
-        keep = items[index * total_items // total:(index + 1) * total_items // total]
-        deselected = [item for item in items if item not in keep]
-        config.hook.pytest_deselected(items=deselected)
+    ids_file = os.environ.get("V2V9_IDS_FILE")
+    if ids_file:
+        with open(ids_file, "w") as handle:
+            json.dump([item.nodeid for item in items], handle)
+    start, stop = 0, len(items)
+    wanted = os.environ.get("V2V9_RANGE")
+    if wanted:
+        start, stop = (int(x) for x in wanted.split(":"))
+        keep = items[start:stop]
+        config.hook.pytest_deselected(items=items[:start] + items[stop:])
         items[:] = keep
+    _positions.clear()
+    _positions.update((item.nodeid, start + k) for k, item in enumerate(items))
+
+
+def outcome_of(reports):
+    """One test's outcome from its setup/call/teardown reports (the words pytest's junit files use)."""
+    by_phase = dict((r.when, r) for r in reports)
+    if any(r.failed for r in reports if r.when != "call"):
+        return "error"
+    if "call" in by_phase and by_phase["call"].failed:
+        return "failed"
+    if any(r.skipped for r in reports):
+        return "skipped"
+    return "passed"
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get("V2V9_PROGRESS")
+    if not path:
+        return
+    seen = _reports.setdefault(report.nodeid, [])
+    seen.append(report)
+    if report.when != "teardown":
+        return
+    del _reports[report.nodeid]
+    line = {"i": _positions.get(report.nodeid), "id": report.nodeid, "outcome": outcome_of(seen)}
+    with open(path, "a") as handle:
+        handle.write(json.dumps(line) + "\n")

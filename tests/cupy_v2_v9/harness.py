@@ -13,6 +13,7 @@ Modes, each with its own HOME, CuPy kernel cache and ptxbackend cache:
   program and CuPy's tests never import ptxbackend.
 """
 
+import collections
 import concurrent.futures
 import glob
 import hashlib
@@ -22,11 +23,12 @@ import re
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from junit_outcomes import differences, parse_junit, tally  # noqa: E402
+sys.path.insert(0, HERE)
+import ledger  # noqa: E402
 T_START = time.time()
 TEST_FILES = ("core_tests/test_elementwise.py", "core_tests/test_reduction.py", "core_tests/test_userkernel.py",
               "core_tests/test_raw.py", "math_tests/test_arithmetic.py", "math_tests/test_sumprod.py")
@@ -34,12 +36,15 @@ COMPILED = re.compile(r"ptxbackend: compiled (\w+) for (\S+) with (\S+)")
 HIT = re.compile(r"ptxbackend: (?:no compiler; )?cache hit ")
 DELEGATED = re.compile(r"ptxbackend: CuPy compiles this kernel itself \((.*); source sha256 ([0-9a-f?]+)\)")
 STUB = "STUB CALLED"
-# Tests that draw their inputs with cupy.random: cuRAND is a stub here (its real CUDA 11 build is 55 MB,
-# more than a call can carry beside the rest), so they would abort.  Deselected in both modes, by name.
-NEEDS_CURAND = {
+# Tests that call a library that is a stub here, so they would abort: deselected in both modes, by name.
+# cuRAND (its real CUDA 11 build is 55 MB, more than a call can carry beside the rest): the tests that draw
+# their inputs with cupy.random, and test_raw_picklable, whose child process does.  cuBLAS: TestCubReduction's
+# F-order cases (CuPy transposes them with cuBLAS) abort in cublasCreate_v2.
+NEEDS_STUBBED_LIBRARY = {
     "7.8.0": ("test_manual_indexing", "test_cuFloatComplex", "test_cuDoubleComplex"),
     "9.6.0": ("test_manual_indexing", "test_cuFloatComplex", "test_cuDoubleComplex", "test_grid_sync_rawmodule",
-              "test_jitify2", "test_jitify3", "test_texture_input"),
+              "test_jitify2", "test_jitify3", "test_texture_input", "test_raw_picklable",
+              "test_cub_sum", "test_cub_sum_empty_axis", "test_cub_prod", "test_cub_cumsum", "test_cub_cumprod"),
 }
 
 
@@ -54,7 +59,7 @@ class Harness(object):
         self.version = env["V2V9_VERSION"]
         self.out = env["OUT"]
         self.work = env["V2V9_WORK"]
-        # One log, result and junit file per process: dozens, and only 8 files come back from the GPU
+        # One log, result and progress file per process: dozens, and only 8 files come back from the GPU
         # machine, so they go to one folder that is packed into $OUT at the end.
         self.logs = os.path.join(self.work, "logs")
         self.python = env["V2V9_PYTHON"]          # the stock interpreter (no ptxbackend)
@@ -64,13 +69,13 @@ class Harness(object):
         self.budget = float(env.get("V2V9_BUDGET_S", "500"))
         self.nvrtc = os.path.join(self.libs, "libnvrtc.so.11.2")
         self.cuda_path = env["V2V9_CUDA_PATH"]
-        self.deselect = NEEDS_CURAND.get(self.version, ())
+        self.deselect = NEEDS_STUBBED_LIBRARY.get(self.version, ())
         self.summary = {"version": self.version, "ok": None, "failures": [], "steps": {}, "machine": {}}
         self.stock_extra = {}
-        self.max_chunks = int(env.get("V2V9_MAX_PROCESSES_PER_FILE", "6"))
-        self.tests_per_chunk = int(env.get("V2V9_TESTS_PER_PROCESS", "800"))
-        # Only these slices of each file (e.g. "0,1"): a file too big for one call runs over several.
-        self.only_slices = [int(i) for i in env.get("V2V9_ONLY_SLICES", "").split(",") if i.strip()]
+        self.tests_per_process = int(env.get("V2V9_TESTS_PER_PROCESS", "200"))
+        self.workers = int(env.get("V2V9_PROCESSES", str(max(2, (os.cpu_count() or 4) - 1))))
+        # Earlier calls' outcomes of step d (ledger.py): the folder is carried with the staged release
+        self.ledger_dir = env.get("V2V9_LEDGER", "")
 
     # ------------------------------------------------------------------ plumbing
     def check(self, step, condition, message):
@@ -284,107 +289,139 @@ class Harness(object):
         files = [f for f in wanted if os.path.exists(os.path.join(self.tests, "tests", "cupy_tests", f))]
         s["files"] = files
         s["missing"] = [f for f in wanted if f not in files]
-        remaining = self.budget - (time.time() - T_START) - 20
-        timeout = int(max(60, remaining))
-        s["timeout_per_file"] = timeout
+        deadline = T_START + self.budget - 25  # what is left is for the ledger, the JSON and the logs tarball
         if self.version.startswith("9.") and not self.stock_extra:
             self.stock_extra = {"CUPY_COMPILE_WITH_PTX": "1"}  # step a's baseline, when step a did not run
-        modes = {"stock": self.env("d_stock", hook=False), "hook": self.env("d_hook", hook=True)}
-        s["stock_env"] = self.stock_extra
-        s["deselected_need_curand"] = list(self.deselect)
-        # A big file (7.8's test_arithmetic has 8,402 tests) runs as several processes, a few test classes
-        # each, so that the run fits its time budget; processes of one mode share its disk caches.
-        chunks = {}
-        for f in files:
-            n = max(1, min(self.max_chunks, self.count(f, modes["stock"]) // self.tests_per_chunk))
-            chunks[f] = ["%d/%d" % (i, n) for i in range(n) if not self.only_slices or i in self.only_slices]
-        s["slices"] = chunks
-        s["processes_per_file"] = {f: len(c) for f, c in chunks.items()}
-        jobs = [(mode, f, i, chunk) for f in files for i, chunk in enumerate(chunks[f]) for mode in modes]
-        # the split files first (they bound the wall time), then the bigger files
-        jobs.sort(key=lambda j: (-len(chunks[j[1]]), -os.path.getsize(os.path.join(self.tests, "tests", "cupy_tests",
-                                                                                   j[1]))))
-        say("d: %d pytest processes (%s per mode), %d s limit each" % (len(jobs), s["processes_per_file"], timeout))
+        # Both modes in the same environment (9.6's baseline needs CUPY_COMPILE_WITH_PTX=1): only the hook
+        # differs.  Step b shows the hook working without that variable.
+        modes = {"stock": self.env("d_stock", hook=False), "hook": self.env("d_hook", hook=True,
+                                                                            extra=self.stock_extra)}
+        s["stock_env"] = s["hook_env"] = self.stock_extra
+        s["deselected_need_a_stubbed_library"] = list(self.deselect)
+        with concurrent.futures.ThreadPoolExecutor(len(files) or 1) as pool:
+            ids = dict(zip(files, pool.map(lambda f: self.collect(f, modes["stock"]), files)))
+        s["collected"] = {f: len(v) for f, v in ids.items()}
+        # Earlier calls' outcomes (a file too big for one call runs over several); an entry whose test is
+        # not the one collected at its position now is dropped, and the check below says so.
+        earlier = ledger.read(sorted(glob.glob(os.path.join(self.ledger_dir, "*.jsonl.gz"))))
+        stale = ledger.stale(earlier, ids)
+        for key in stale:
+            del earlier[key]
+        s["ledger_in"] = {"entries": len(earlier), "stale": len(stale)}
+        self.check("d_cupy_tests", not stale, "earlier calls' outcomes match this collection (%d entries, %d "
+                   "for other tests)" % (len(earlier), len(stale)))
+        # Each process runs a range of tests that have no outcome yet in its mode; the small files first,
+        # and the two modes side by side, so that a call cut short leaves comparable outcomes.
+        jobs = collections.deque()
+        for f in sorted(files, key=lambda f: len(ids[f])):
+            ranges = {m: ledger.missing_ranges(len(ids[f]), set(i for (g, mm, i) in earlier if g == f and mm == m),
+                                               self.tests_per_process) for m in modes}
+            for k in range(max(len(r) for r in ranges.values())):
+                jobs.extend((m, f) + ranges[m][k] for m in modes if k < len(ranges[m]))
+        say("d: %s tests collected; %d ranges to run (at most %d tests each), %d processes at a time, until %.0f s"
+            % (s["collected"], len(jobs), self.tests_per_process, self.workers, deadline - T_START))
+        new, processes, lock = {}, [], threading.Lock()
 
-        def one(job):
-            mode, f, index, chunk = job
-            tag = "d_%s_%s_%d" % (mode, f.replace("/", "_").replace(".py", ""), index)
-            xml = os.path.join(self.logs, "%s.xml" % tag)
-            python = self.hook_python if mode == "hook" else self.python
-            env = dict(modes[mode], V2V9_CHUNK=chunk, PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect))
-            # --capture=no: ptxbackend's debug lines (which kernel went to CuPy, and why) must reach the log
-            info = self.run(tag, [python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q", "-rfE",
-                                  "--capture=no",
-                                  "--junitxml", xml, os.path.join("tests", "cupy_tests", f)], env, timeout,
-                            cwd=self.tests)
-            return mode, f, info, xml
-
-        results = {m: {"files": {}, "outcomes": {}, "compiled": 0, "delegated": []} for m in modes}
-
-        def add_file(mode, f, info, counts, stub_called):
-            entry = results[mode]["files"].setdefault(f, {"rc": [], "seconds": [], "counts": {},
-                                                          "stub_called": False})
-            entry["rc"].append(info["rc"])
-            entry["seconds"].append(info["seconds"])
-            for k, v in counts.items():
-                entry["counts"][k] = entry["counts"].get(k, 0) + v
-            entry["stub_called"] = entry["stub_called"] or stub_called
-        workers = max(2, min(len(jobs), (os.cpu_count() or 4) - 2))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            for mode, f, info, xml in pool.map(one, jobs):
-                outcomes = parse_junit(xml)
-                counts = tally(outcomes)
+        def worker():
+            while True:
+                with lock:
+                    if not jobs or time.time() > deadline - 30:
+                        return
+                    mode, f, start, stop = jobs.popleft()
+                    tag = "d_%s_%s_%d-%d" % (mode, f.replace("/", "_").replace(".py", ""), start, stop)
+                progress = os.path.join(self.logs, tag + ".progress.jsonl")
+                env = dict(modes[mode], PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect),
+                           V2V9_RANGE="%d:%d" % (start, stop), V2V9_PROGRESS=progress)
+                # --capture=no: ptxbackend's debug lines (which kernel went to CuPy, and why) must reach the log
+                info = self.run(tag, [self.hook_python if mode == "hook" else self.python, "-m", "pytest",
+                                      "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q", "-rfE", "--capture=no",
+                                      os.path.join("tests", "cupy_tests", f)],
+                                env, max(1, deadline - time.time()), cwd=self.tests)
+                done = ledger.progress(progress)
                 facts = self.log_facts(info["text"], info["stub_record"])
-                results[mode]["compiled"] += len(facts["compiled"])
-                results[mode]["delegated"] += facts["delegated"]
-                add_file(mode, f, info, counts, facts["stub_called"])
-                results[mode]["outcomes"].update(("%s::%s" % (f, k), v) for k, v in outcomes.items())
-                say("  d %-5s %-32s rc=%s %6.1f s %s" % (mode, f, info["rc"], info["seconds"], counts))
-        for mode in modes:
-            totals = results[mode]["totals"] = tally(results[mode]["outcomes"])
-            s[mode] = {"totals": totals, "files": results[mode]["files"], "compiled": results[mode]["compiled"],
-                       "not_passed": sorted(k for k, v in results[mode]["outcomes"].items() if v != "passed")}
-        mine, theirs = results["hook"]["outcomes"], results["stock"]["outcomes"]
-        differ = differences(mine, theirs)
-        s["differences"] = [{"test": k, "hook": mine.get(k), "stock": theirs.get(k)} for k in differ]
-        self.check("d_cupy_tests", sum(results["stock"]["totals"].values()) > 0 and all(
-            isinstance(rc, int) for m in modes for r in results[m]["files"].values() for rc in r["rc"]),
-            "CuPy %s's tests ran to completion in both modes (stock: %s)" % (self.version, results["stock"]["totals"]))
-        self.check("d_cupy_tests", not differ and results["hook"]["totals"] == results["stock"]["totals"],
-                   "the same outcomes with the hook %s as stock %s (%d tests differ)"
-                   % (results["hook"]["totals"], results["stock"]["totals"], len(differ)))
-        self.check("d_cupy_tests", not any(r["stub_called"] for m in modes for r in results[m]["files"].values()),
+                crashed = rest = None
+                if isinstance(info["rc"], int):  # it ended by itself: a test without an outcome crashed it
+                    crashed, rest = ledger.after_exit(start, stop, done)
+                    if crashed is not None:
+                        done[crashed] = (ids[f][crashed], "crashed")
+                with lock:
+                    if rest:
+                        jobs.appendleft((mode, f) + rest)
+                    new.update(((f, mode, i), v) for i, v in done.items())
+                    processes.append({"tag": tag, "rc": info["rc"], "seconds": info["seconds"], "tests": len(done),
+                                      "compiled": len(facts["compiled"]), "hits": facts["hits"],
+                                      "delegated": facts["delegated"], "stub_called": facts["stub_called"],
+                                      "crashed": crashed})
+                say("  d %-5s %-28s %-11s rc=%s %6.1f s, %d tests, %d compiled%s" % (
+                    mode, f, "%d-%d" % (start, stop), info["rc"], info["seconds"], len(done),
+                    len(facts["compiled"]), "" if crashed is None else ", test %d crashed" % crashed))
+
+        threads = [threading.Thread(target=worker) for _ in range(self.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        merged = dict(earlier)
+        merged.update(new)
+        ledger.write(os.path.join(self.out, "v2v9-%s-ledger.jsonl.gz" % self.version), merged)
+        report = ledger.compare(merged, ids)
+        s["this_call"] = {"processes": len(processes), "tests": len(new), "left": len(jobs),
+                          "compiled": {m: sum(p["compiled"] for p in processes if p["tag"].startswith("d_" + m))
+                                       for m in modes},
+                          "process_seconds": round(sum(p["seconds"] for p in processes), 1)}
+        s["processes"] = processes
+        s["files_report"], s["differences"] = report["files"], report["differences"]
+        for f, row in report["files"].items():
+            say("  %s: %d collected, %d with an outcome in both modes; stock %s, hook %s"
+                % (f, row["collected"], row["done_in_both"], row["stock"], row["hook"]))
+        self.check("d_cupy_tests", report["complete"],
+                   "every test ran in both modes, over this call and earlier ones (%s of %s; this call: %d tests "
+                   "in %d processes)" % (sum(r["done_in_both"] for r in report["files"].values()),
+                                         sum(s["collected"].values()), len(new), len(processes)))
+        totals = {m: {} for m in modes}
+        for row in report["files"].values():
+            for m in modes:
+                for k, v in row[m].items():
+                    totals[m][k] = totals[m].get(k, 0) + v
+        s["totals"] = totals
+        self.check("d_cupy_tests", not report["differences"] and (not report["complete"] or
+                                                                   totals["stock"] == totals["hook"]),
+                   "the same outcome for every test that ran in both modes: stock %s, hook %s (%d differ)"
+                   % (totals["stock"], totals["hook"], len(report["differences"])))
+        self.check("d_cupy_tests", not any(p["stub_called"] for p in processes),
                    "no stand-in (stub) library function was called by any test")
         census = self.census(modes["hook"]["PTXBACKEND_CACHE_DIR"])
         cubins, sources = self.cupy_cache(modes["hook"])
-        delegated = results["hook"]["delegated"]
+        delegated = [d for p in processes if p["tag"].startswith("d_hook") for d in p["delegated"]]
         reasons = {}
         for reason, _digest in delegated:
             reasons[reason] = reasons.get(reason, 0) + 1
         unexplained = sorted(sources - set(d for _r, d in delegated))
+        compiled = s["this_call"]["compiled"]["hook"]
         s["hook_cache"] = {"census": census, "cupy_cache_files": len(cubins), "delegated_calls": reasons,
                            "cupy_cache_sources_not_delegated": unexplained}
         entries = sum(v for k, v in census.items() if k != "jit cubins")
-        self.check("d_cupy_tests", entries > 0 and results["hook"]["compiled"] > 0,
+        self.check("d_cupy_tests", entries > 0 and compiled > 0,
                    "with the hook, ptxbackend compiled the kernels into its cache (%d compiles logged; %s)"
-                   % (results["hook"]["compiled"], census))
+                   % (compiled, census))
         self.check("d_cupy_tests", len(sources) == len(cubins) and not unexplained,
                    "CuPy's own cache holds only kernels delegated on purpose (%d files; delegations %s)"
                    % (len(cubins), reasons))
 
-    def count(self, f, env):
-        """How many tests pytest collects from one file (no GPU work)."""
-        path = os.path.join(self.work, "count-" + f.replace("/", "_"))
-        self.run("d_collect_" + f.replace("/", "_").replace(".py", ""),
+    def collect(self, f, env):
+        """The node ids pytest collects from one file, in order (no GPU work)."""
+        name = f.replace("/", "_").replace(".py", "")
+        path = os.path.join(self.work, "ids-%s.json" % name)
+        self.run("d_collect_" + name,
                  [self.python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "chunk_plugin", "--collect-only", "-q",
                   os.path.join("tests", "cupy_tests", f)],
-                 dict(env, V2V9_COUNT_FILE=path, PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect)), 300,
+                 dict(env, V2V9_IDS_FILE=path, PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect)), 300,
                  cwd=self.tests)
         try:
             with open(path) as handle:
-                return int(handle.read())
+                return json.load(handle)
         except (OSError, ValueError):
-            return 0
+            return []
 
     # ------------------------------------------------------------------ driver
     def main(self):

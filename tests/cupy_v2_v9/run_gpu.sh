@@ -5,7 +5,9 @@
 #     V2V9_VERSION=7.8.0 bash tests/cupy_v2_v9/run_gpu.sh
 #     V2V9_VERSION=9.6.0 bash tests/cupy_v2_v9/run_gpu.sh
 #
-# Writes $OUT/v2v9-<version>.json, $OUT/summary.txt and one log per process; exits 1 if a check failed.
+# Writes $OUT/v2v9-<version>.json, $OUT/summary.txt, the outcomes of CuPy's tests so far
+# ($OUT/v2v9-<version>-ledger.jsonl.gz: put it in .device/cupy_v2_v9/<version>/ledger/ for the next call)
+# and one log per process; exits 1 if a check failed.
 # Unpacks the staged interpreter at the path it was built for (/root/.pyenv/versions/3.X.Y) unless one
 # from an earlier run is there; ptxbackend goes into a venv of it, never into the interpreter itself.
 set -uo pipefail
@@ -23,7 +25,15 @@ if [ ! -f "$staged/python.tar.xz" ]; then
   say "no $staged/python.tar.xz: run 'bash tests/cupy_v2_v9/build.sh' on the CPU machine and carry .device/cupy_v2_v9/$version"
   exit 2
 fi
-rm -rf "$work" && mkdir -p "$work"
+if [ "${V2V9_KEEP_CACHES:-0}" = 1 ] && [ -d "$work" ]; then
+  # Keep step d's kernel caches from an earlier call on this (still warm) machine: a test that compiles
+  # for longer than one call allows (9.6.0's @slow TestUfuncSlow) finishes in the next one.
+  say "V2V9_KEEP_CACHES=1: keeping $(ls -d "$work"/home-d_* "$work"/ptxb-cache-d_* 2>/dev/null | tr '\n' ' ')"
+  find "$work" -mindepth 1 -maxdepth 1 ! -name 'home-d_*' ! -name 'ptxb-cache-d_*' -exec rm -rf {} +
+else
+  rm -rf "$work"
+fi
+mkdir -p "$work"
 nvidia-smi -L || true
 
 # The interpreter, where it was built to live (its libpython is found through that prefix)
@@ -50,7 +60,7 @@ ls "$work/venv-hook/lib/python$short/site-packages"
 
 cp -r "$staged/cupy_tests" "$work/cupy_tests"
 export V2V9_VERSION=$version V2V9_WORK=$work V2V9_PYTHON=$python V2V9_HOOK_PYTHON=$work/venv-hook/bin/python \
-  V2V9_LIBS=$work/libs V2V9_CUDA_PATH=$work/cuda V2V9_TESTS=$work/cupy_tests
+  V2V9_LIBS=$work/libs V2V9_CUDA_PATH=$work/cuda V2V9_TESTS=$work/cupy_tests V2V9_LEDGER=$staged/ledger
 say "setup done"
 python3 tests/cupy_v2_v9/harness.py
 }

@@ -619,7 +619,7 @@ class Harness(object):
 
 def parse_junit(path):
     """{'Class::test': outcome} from a pytest junit XML file (tests/junit_outcomes.py)."""
-    return junit_outcomes.parse_junit(path, short_class=True)
+    return junit_outcomes.parse_junit(path)
 
 
 if __name__ == "__main__":
