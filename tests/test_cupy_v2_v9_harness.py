@@ -8,9 +8,10 @@
   functions through the forwarder, and a missing real library aborts naming it;
 - chunk_plugin.py: V2V9_IDS_FILE gets the collection (after V2V9_DESELECT), V2V9_RANGE runs those
   positions, V2V9_PROGRESS gets each outcome as junit would name it, and a crash leaves what came before;
+  V2V9_COMBINATION_SHARD splits the real cupy.testing's full dtype combinations into disjoint shards;
 - ledger.py: missing ranges, a crash found after the fact, the round trip, stale entries, the comparison;
 - harness.py: step d resumes from earlier calls' ledgers and compares over all of them (real pytest
-  processes, one of whose tests aborts); its COMPILED / HIT / DELEGATED regexes against the log lines
+  processes, one of whose tests aborts), and its warm-up runs shards that are not counted; its COMPILED / HIT / DELEGATED regexes against the log lines
   ptxbackend really writes (the delegation's digest is the sha256 of the source CuPy saves), via log_facts;
 - the scripts' syntax (Python, and ``bash -n``).
 """
@@ -349,7 +350,7 @@ def test_crash():
 """ + "".join("def test_more_%d():\n    pass\n\n" % i for i in range(4))
 
 
-def _step_d(tmp_path, ledger_dir, files):
+def _step_d(tmp_path, ledger_dir, files, **extra):
     """Harness.step_tests over two small files of plain pytest tests (this interpreter in both modes)."""
     tests = tmp_path / "cupy_tests"
     for f in files:
@@ -364,6 +365,7 @@ def _step_d(tmp_path, ledger_dir, files):
            "V2V9_HOOK_PYTHON": sys.executable, "V2V9_LIBS": str(tmp_path / "libs"), "V2V9_TESTS": str(tests),
            "V2V9_CUDA_PATH": str(tmp_path), "V2V9_LEDGER": str(ledger_dir), "V2V9_TESTS_PER_PROCESS": "3",
            "V2V9_PROCESSES": "2", "V2V9_TEST_FILES": " ".join(files)}
+    env.update(extra)
     saved = dict(os.environ)
     os.environ.update(env)
     try:
@@ -539,3 +541,54 @@ def test_stage_foreign_writes_what_another_gpu_model_would(nvrtc117, tmp_path):
     assert proc.returncode != 0 and b"scale.h" in proc.stdout
     with open(name, "rb") as handle:
         assert handle.read() == data
+
+
+COMBINATION_TEST = """import json, os
+from cupy import testing
+
+@testing.for_all_dtypes_combination(names=["a", "b"], full=True)
+def test_full(a, b):
+    with open(os.environ["PTXB_T_SEEN"], "a") as handle:
+        handle.write(json.dumps([str(a), str(b)]) + "\\n")
+
+@testing.for_dtypes_combination(["f", "d"], names=["c", "d"], full=True)
+def test_direct(c, d):
+    with open(os.environ["PTXB_T_SEEN"], "a") as handle:
+        handle.write(json.dumps([str(c), str(d)]) + "\\n")
+"""
+
+
+def _combinations_seen(tmp_path, shard):
+    seen = tmp_path / ("seen-%s" % shard.replace("/", "-"))
+    env = dict(os.environ, PYTHONPATH=HERE, PYTHONDONTWRITEBYTECODE="1", PTXB_T_SEEN=str(seen))
+    if shard:
+        env["V2V9_COMBINATION_SHARD"] = shard
+    code, out, err = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q",
+                           "test_combinations.py"], env=env, cwd=str(tmp_path))
+    assert code == 0, out + err
+    return [tuple(json.loads(line)) for line in seen.read_text().splitlines()] if seen.exists() else []
+
+
+def test_a_combination_shard_walks_every_nth_dtype_combination_of_cupys_own_decorators(tmp_path):
+    """With the real cupy.testing (CuPy 14 here; 9.6's has the same full=True path): the shards of a
+    warm-up are disjoint and together every combination a plain run walks."""
+    pytest.importorskip("cupy.testing")
+    _write(str(tmp_path / "test_combinations.py"), COMBINATION_TEST)
+    everything = _combinations_seen(tmp_path, "")
+    assert len(everything) > 100 and len(set(everything)) == len(everything)
+    shards = [_combinations_seen(tmp_path, "%d/3" % k) for k in range(3)]
+    assert all(shards) and sorted(sum(shards, [])) == sorted(everything)
+    assert max(len(x) for x in shards) - min(len(x) for x in shards) <= 2  # two tests, each split evenly
+
+
+def test_step_d_warm_up_runs_each_range_in_shards_and_counts_only_the_runs_after_it(tmp_path):
+    pytest.importorskip("cupy.testing")  # a warm-up process loads cupy.testing to share combinations out
+    empty = tmp_path / "ledger0"
+    empty.mkdir()
+    summary, _ = _step_d(tmp_path, empty, ["core_tests/test_one.py"], V2V9_WARM_SHARDS="2")
+    d = summary["steps"]["d_cupy_tests"]
+    assert d["warm_up"]["processes"] == 4  # ranges 0-3, 3-6, 6-7 as one span per mode, two shards each
+    assert d["this_call"]["processes"] == 6  # the counted runs keep their ranges
+    assert sorted(set(p["tag"][:6] for p in d["processes"])) == ["d_hook", "d_stoc"]
+    row = d["files_report"]["core_tests/test_one.py"]
+    assert row["stock"] == {"passed": 6, "crashed": 1} and row["hook"] == {"passed": 5, "failed": 1, "crashed": 1}

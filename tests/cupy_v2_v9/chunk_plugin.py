@@ -11,11 +11,16 @@ addresses tests by position instead.  Environment:
 - V2V9_PROGRESS=path: append one JSON line per finished test, ``{"i", "id", "outcome"}``, flushed at once,
   so that a process killed at its time limit (or by a crash) leaves the outcomes of the tests it finished.
   Outcomes read like pytest's junit files: a failure in setup or teardown is "error", in the test
-  "failed"; a skip or an expected failure "skipped"; anything else "passed".
+  "failed"; a skip or an expected failure "skipped"; anything else "passed";
+- V2V9_COMBINATION_SHARD=k/n: a test decorated to walk every dtype combination (cupy.testing's
+  ``for_dtypes_combination(full=True)``, and so ``for_all_dtypes_combination(full=True)``) walks only
+  every n-th one, from the k-th: the harness's warm-up processes share one test's kernels out this way.
 """
 
+import functools
 import json
 import os
+import sys
 
 _positions = {}
 _reports = {}
@@ -67,3 +72,26 @@ def pytest_runtest_logreport(report):
     line = {"i": _positions.get(report.nodeid), "id": report.nodeid, "outcome": outcome_of(seen)}
     with open(path, "a") as handle:
         handle.write(json.dumps(line) + "\n")
+
+
+def _share_out_dtype_combinations(index, total):
+    import cupy.testing
+    module = sys.modules[cupy.testing.for_dtypes_combination.__module__]  # v9: _helper; v10+: _loops
+    parameterized, original = module._parameterized, module.for_dtypes_combination
+
+    @functools.wraps(original)
+    def for_dtypes_combination(types, names=("dtype",), full=None):
+        product = parameterized.product  # what the full=True branch calls to list the combinations
+
+        def every_nth(parameter):
+            return [combination for k, combination in enumerate(product(parameter)) if k % total == index]
+        parameterized.product = every_nth
+        try:
+            return original(types, names, full)
+        finally:
+            parameterized.product = product
+    module.for_dtypes_combination = cupy.testing.for_dtypes_combination = for_dtypes_combination
+
+
+if os.environ.get("V2V9_COMBINATION_SHARD"):
+    _share_out_dtype_combinations(*(int(x) for x in os.environ["V2V9_COMBINATION_SHARD"].split("/")))

@@ -76,6 +76,8 @@ class Harness(object):
         self.workers = int(env.get("V2V9_PROCESSES", str(max(2, (os.cpu_count() or 4) - 1))))
         # Earlier calls' outcomes of step d (ledger.py): the folder is carried with the staged release
         self.ledger_dir = env.get("V2V9_LEDGER", "")
+        # >1: fill the caches first, each range's dtype combinations shared over this many processes
+        self.warm_shards = int(env.get("V2V9_WARM_SHARDS", "0"))
 
     # ------------------------------------------------------------------ plumbing
     def check(self, step, condition, message):
@@ -320,6 +322,10 @@ class Harness(object):
                 jobs.extend((m, f) + ranges[m][k] for m in modes if k < len(ranges[m]))
         say("d: %s tests collected; %d ranges to run (at most %d tests each), %d processes at a time, until %.0f s"
             % (s["collected"], len(jobs), self.tests_per_process, self.workers, deadline - T_START))
+        warm = self.warm_up(modes, list(jobs), deadline) if self.warm_shards > 1 else []
+        s["warm_up"] = {"processes": len(warm), "shards": self.warm_shards,
+                        "compiled": sum(p["compiled"] for p in warm),
+                        "process_seconds": round(sum(p["seconds"] for p in warm), 1)}
         new, processes, lock = {}, [], threading.Lock()
 
         def worker():
@@ -388,11 +394,11 @@ class Harness(object):
                                                                    totals["stock"] == totals["hook"]),
                    "the same outcome for every test that ran in both modes: stock %s, hook %s (%d differ)"
                    % (totals["stock"], totals["hook"], len(report["differences"])))
-        self.check("d_cupy_tests", not any(p["stub_called"] for p in processes),
+        self.check("d_cupy_tests", not any(p["stub_called"] for p in processes + warm),
                    "no stand-in (stub) library function was called by any test")
         census = self.census(modes["hook"]["PTXBACKEND_CACHE_DIR"])
         cubins, sources = self.cupy_cache(modes["hook"])
-        delegated = [d for p in processes if p["tag"].startswith("d_hook") for d in p["delegated"]]
+        delegated = [d for p in processes + warm if p["tag"].startswith(("d_hook", "w_hook")) for d in p["delegated"]]
         reasons = {}
         for reason, _digest in delegated:
             reasons[reason] = reasons.get(reason, 0) + 1
@@ -407,6 +413,44 @@ class Harness(object):
         self.check("d_cupy_tests", len(sources) == len(cubins) and not unexplained,
                    "CuPy's own cache holds only kernels delegated on purpose (%d files; delegations %s)"
                    % (len(cubins), reasons))
+
+    def warm_up(self, modes, jobs, deadline):
+        """Fill each mode's kernel caches for the ranges about to run, their dtype combinations shared out.
+
+        A test that walks every dtype combination (``full=True``: 9.6.0's @slow TestUfuncSlow, thousands of
+        kernels) compiles them one after another in one process, longer than a call lasts.  Here each range
+        runs in ``V2V9_WARM_SHARDS`` processes side by side, each with every n-th combination
+        (chunk_plugin's V2V9_COMBINATION_SHARD); their outcomes are thrown away.  The counted runs that
+        follow are the tests as written, finding their kernels in the caches stock CuPy and ptxbackend keep.
+        """
+        spans = []  # adjacent ranges of one mode and file as one: the counted runs may split them finer
+        for mode, f, start, stop in sorted(jobs):
+            if spans and spans[-1][:2] == (mode, f) and spans[-1][3] == start:
+                spans[-1] = (mode, f, spans[-1][2], stop)
+            else:
+                spans.append((mode, f, start, stop))
+        shards = [span + (k,) for span in spans for k in range(self.warm_shards)]
+        say("d warm-up: %d processes (%d ranges x %d shards)" % (len(shards), len(spans), self.warm_shards))
+
+        def one(job):
+            mode, f, start, stop, k = job
+            if time.time() > deadline - 30:
+                return None
+            tag = "w_%s_%s_%d-%d_%d" % (mode, f.replace("/", "_").replace(".py", ""), start, stop, k)
+            env = dict(modes[mode], PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect),
+                       V2V9_RANGE="%d:%d" % (start, stop), V2V9_COMBINATION_SHARD="%d/%d" % (k, self.warm_shards))
+            info = self.run(tag, [self.hook_python if mode == "hook" else self.python, "-m", "pytest",
+                                  "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q", "--capture=no",
+                                  os.path.join("tests", "cupy_tests", f)],
+                            env, max(1, deadline - time.time()), cwd=self.tests)
+            facts = self.log_facts(info["text"], info["stub_record"])
+            return {"tag": tag, "rc": info["rc"], "seconds": info["seconds"], "compiled": len(facts["compiled"]),
+                    "delegated": facts["delegated"], "stub_called": facts["stub_called"]}
+        with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
+            done = [p for p in pool.map(one, shards) if p is not None]
+        say("d warm-up: %d processes ran, %d kernels compiled by ptxbackend, %.0f process-seconds"
+            % (len(done), sum(p["compiled"] for p in done), sum(p["seconds"] for p in done)))
+        return done
 
     def collect(self, f, env):
         """The node ids pytest collects from one file, in order (no GPU work)."""
