@@ -336,15 +336,9 @@ class Harness(object):
                     mode, f, start, stop = jobs.popleft()
                     tag = "d_%s_%s_%d-%d" % (mode, f.replace("/", "_").replace(".py", ""), start, stop)
                 progress = os.path.join(self.logs, tag + ".progress.jsonl")
-                env = dict(modes[mode], PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect),
-                           V2V9_RANGE="%d:%d" % (start, stop), V2V9_PROGRESS=progress)
-                # --capture=no: ptxbackend's debug lines (which kernel went to CuPy, and why) must reach the log
-                info = self.run(tag, [self.hook_python if mode == "hook" else self.python, "-m", "pytest",
-                                      "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q", "-rfE", "--capture=no",
-                                      os.path.join("tests", "cupy_tests", f)],
-                                env, max(1, deadline - time.time()), cwd=self.tests)
+                info, facts = self.pytest_range(tag, mode, modes[mode], f, start, stop, deadline,
+                                                V2V9_PROGRESS=progress)
                 done = ledger.progress(progress)
-                facts = self.log_facts(info["text"], info["stub_record"])
                 crashed = rest = None
                 if isinstance(info["rc"], int):  # it ended by itself: a test without an outcome crashed it
                     crashed, rest = ledger.after_exit(start, stop, done)
@@ -414,6 +408,17 @@ class Harness(object):
                    "CuPy's own cache holds only kernels delegated on purpose (%d files; delegations %s)"
                    % (len(cubins), reasons))
 
+    def pytest_range(self, tag, mode, env, f, start, stop, deadline, **extra):
+        """One pytest process over tests ``start..stop-1`` of file ``f`` in ``mode``: (run info, log facts)."""
+        env = dict(env, PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect), V2V9_RANGE="%d:%d" % (start, stop),
+                   **extra)
+        # --capture=no: ptxbackend's debug lines (which kernel went to CuPy, and why) must reach the log
+        info = self.run(tag, [self.hook_python if mode == "hook" else self.python, "-m", "pytest",
+                              "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q", "-rfE", "--capture=no",
+                              os.path.join("tests", "cupy_tests", f)],
+                        env, max(1, deadline - time.time()), cwd=self.tests)
+        return info, self.log_facts(info["text"], info["stub_record"])
+
     def warm_up(self, modes, jobs, deadline):
         """Fill each mode's kernel caches for the ranges about to run, their dtype combinations shared out.
 
@@ -437,13 +442,8 @@ class Harness(object):
             if time.time() > deadline - 30:
                 return None
             tag = "w_%s_%s_%d-%d_%d" % (mode, f.replace("/", "_").replace(".py", ""), start, stop, k)
-            env = dict(modes[mode], PYTHONPATH=HERE, V2V9_DESELECT=",".join(self.deselect),
-                       V2V9_RANGE="%d:%d" % (start, stop), V2V9_COMBINATION_SHARD="%d/%d" % (k, self.warm_shards))
-            info = self.run(tag, [self.hook_python if mode == "hook" else self.python, "-m", "pytest",
-                                  "-p", "no:cacheprovider", "-p", "chunk_plugin", "-q", "--capture=no",
-                                  os.path.join("tests", "cupy_tests", f)],
-                            env, max(1, deadline - time.time()), cwd=self.tests)
-            facts = self.log_facts(info["text"], info["stub_record"])
+            info, facts = self.pytest_range(tag, mode, modes[mode], f, start, stop, deadline,
+                                            V2V9_COMBINATION_SHARD="%d/%d" % (k, self.warm_shards))
             return {"tag": tag, "rc": info["rc"], "seconds": info["seconds"], "compiled": len(facts["compiled"]),
                     "delegated": facts["delegated"], "stub_called": facts["stub_called"]}
         with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
