@@ -329,6 +329,8 @@ def test_ledger_round_trip_stale_entries_and_comparison(tmp_path):
     assert report["complete"] is True
     assert report["differences"] == [{"file": "a.py", "i": 1, "id": "a::t1", "stock": "failed", "hook": "passed"}]
     assert report["files"]["a.py"]["stock"] == {"passed": 1, "failed": 1, "skipped": 1}
+    assert report["totals"] == {"stock": {"passed": 2, "failed": 1, "skipped": 1},
+                                "hook": {"passed": 3, "skipped": 1}}
     del merged[("b.py", "hook", 0)]
     report = ledger.compare(merged, ids)
     assert report["complete"] is False and report["files"]["b.py"]["done_in_both"] == 0

@@ -174,7 +174,7 @@ def test_different_initial_weights_are_reported():
 # --------------------------------------------------------------------------- harness helpers
 
 def test_parse_junit(tmp_path):
-    import harness
+    import junit_outcomes
     xml = tmp_path / "r.xml"
     xml.write_text('<testsuites><testsuite name="pytest">'
                    '<testcase classname="core_tests.test_x.TestA" name="test_ok" time="0.1"/>'
@@ -182,9 +182,9 @@ def test_parse_junit(tmp_path):
                    '<testcase classname="core_tests.test_x.TestB" name="test_skip"><skipped/></testcase>'
                    '<testcase classname="core_tests.test_x.TestB" name="test_err"><error message="y"/></testcase>'
                    '</testsuite></testsuites>')
-    assert harness.parse_junit(str(xml)) == {"TestA::test_ok": "passed", "TestA::test_bad": "failed",
-                                             "TestB::test_skip": "skipped", "TestB::test_err": "error"}
-    assert harness.parse_junit(str(tmp_path / "missing.xml")) == {}
+    assert junit_outcomes.parse_junit(str(xml)) == {"TestA::test_ok": "passed", "TestA::test_bad": "failed",
+                                                    "TestB::test_skip": "skipped", "TestB::test_err": "error"}
+    assert junit_outcomes.parse_junit(str(tmp_path / "missing.xml")) == {}
 
 
 def test_nose_shim_attr():

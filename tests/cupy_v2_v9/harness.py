@@ -325,8 +325,8 @@ class Harness(object):
         warm = self.warm_up(modes, list(jobs), deadline) if self.warm_shards > 1 else []
         s["warm_up"] = {"processes": len(warm), "shards": self.warm_shards,
                         "compiled": sum(p["compiled"] for p in warm),
-                        "process_seconds": {m: round(sum(p["seconds"] for p in warm
-                                                             if p["tag"].startswith("w_" + m)), 1) for m in modes}}
+                        "process_seconds": {m: round(sum(p["seconds"] for p in warm if p["mode"] == m), 1)
+                                            for m in modes}}
         new, processes, lock = {}, [], threading.Lock()
 
         def worker():
@@ -349,8 +349,8 @@ class Harness(object):
                     if rest:
                         jobs.appendleft((mode, f) + rest)
                     new.update(((f, mode, i), v) for i, v in done.items())
-                    processes.append({"tag": tag, "rc": info["rc"], "seconds": info["seconds"], "tests": len(done),
-                                      "compiled": len(facts["compiled"]), "hits": facts["hits"],
+                    processes.append({"tag": tag, "mode": mode, "rc": info["rc"], "seconds": info["seconds"],
+                                      "tests": len(done), "compiled": len(facts["compiled"]), "hits": facts["hits"],
                                       "delegated": facts["delegated"], "stub_called": facts["stub_called"],
                                       "crashed": crashed})
                 say("  d %-5s %-28s %-11s rc=%s %6.1f s, %d tests, %d compiled%s" % (
@@ -367,8 +367,7 @@ class Harness(object):
         ledger.write(os.path.join(self.out, "v2v9-%s-ledger.jsonl.gz" % self.version), merged)
         report = ledger.compare(merged, ids)
         s["this_call"] = {"processes": len(processes), "tests": len(new), "left": len(jobs),
-                          "compiled": {m: sum(p["compiled"] for p in processes if p["tag"].startswith("d_" + m))
-                                       for m in modes},
+                          "compiled": {m: sum(p["compiled"] for p in processes if p["mode"] == m) for m in modes},
                           "process_seconds": round(sum(p["seconds"] for p in processes), 1)}
         s["processes"] = processes
         s["files_report"], s["differences"] = report["files"], report["differences"]
@@ -379,12 +378,7 @@ class Harness(object):
                    "every test ran in both modes, over this call and earlier ones (%s of %s; this call: %d tests "
                    "in %d processes)" % (sum(r["done_in_both"] for r in report["files"].values()),
                                          sum(s["collected"].values()), len(new), len(processes)))
-        totals = {m: {} for m in modes}
-        for row in report["files"].values():
-            for m in modes:
-                for k, v in row[m].items():
-                    totals[m][k] = totals[m].get(k, 0) + v
-        s["totals"] = totals
+        s["totals"] = totals = report["totals"]
         self.check("d_cupy_tests", not report["differences"] and (not report["complete"] or
                                                                    totals["stock"] == totals["hook"]),
                    "the same outcome for every test that ran in both modes: stock %s, hook %s (%d differ)"
@@ -393,20 +387,20 @@ class Harness(object):
                    "no stand-in (stub) library function was called by any test")
         census = self.census(modes["hook"]["PTXBACKEND_CACHE_DIR"])
         cubins, sources = self.cupy_cache(modes["hook"])
-        delegated = [d for p in processes + warm if p["tag"].startswith(("d_hook", "w_hook")) for d in p["delegated"]]
+        delegated = [d for p in processes + warm if p["mode"] == "hook" for d in p["delegated"]]
         reasons = {}
         for reason, _digest in delegated:
             reasons[reason] = reasons.get(reason, 0) + 1
         unexplained = sorted(sources - set(d for _r, d in delegated))
         # The warm-up's processes are where a test that walks every dtype combination compiles its kernels
-        warmed = sum(p["compiled"] for p in warm if p["tag"].startswith("w_hook"))
+        warmed = sum(p["compiled"] for p in warm if p["mode"] == "hook")
         compiled = s["this_call"]["compiled"]["hook"] + warmed
         s["hook_cache"] = {"census": census, "cupy_cache_files": len(cubins), "delegated_calls": reasons,
                            "cupy_cache_sources_not_delegated": unexplained}
         entries = sum(v for k, v in census.items() if k != "jit cubins")
         # With V2V9_KEEP_CACHES an earlier call on this machine may have compiled them all: then hits show it
         kept = os.environ.get("V2V9_KEEP_CACHES") == "1"
-        hits = sum(p["hits"] for p in processes if p["tag"].startswith("d_hook"))
+        hits = sum(p["hits"] for p in processes if p["mode"] == "hook")
         self.check("d_cupy_tests", entries > 0 and (compiled > 0 or (kept and hits > 0)),
                    "with the hook, ptxbackend compiled the kernels into its cache (%d compiles logged, %d of them "
                    "in the warm-up; %d cache hits%s; %s)"
@@ -451,7 +445,8 @@ class Harness(object):
             tag = "w_%s_%s_%d-%d_%d" % (mode, f.replace("/", "_").replace(".py", ""), start, stop, k)
             info, facts = self.pytest_range(tag, mode, modes[mode], f, start, stop, deadline,
                                             V2V9_COMBINATION_SHARD="%d/%d" % (k, self.warm_shards))
-            return {"tag": tag, "rc": info["rc"], "seconds": info["seconds"], "compiled": len(facts["compiled"]),
+            return {"tag": tag, "mode": mode, "rc": info["rc"], "seconds": info["seconds"],
+                    "compiled": len(facts["compiled"]),
                     "delegated": facts["delegated"], "stub_called": facts["stub_called"]}
         with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
             done = [p for p in pool.map(one, shards) if p is not None]

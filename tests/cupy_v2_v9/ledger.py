@@ -7,6 +7,7 @@ ledgers of earlier calls, runs only the tests that have no outcome yet in a mode
 ledger back; the comparison of the two modes is over the merged ledger.
 """
 
+import collections
 import gzip
 import json
 
@@ -79,17 +80,15 @@ def after_exit(start, stop, done):
 
 def compare(entries, ids, modes=("stock", "hook")):
     """Per file and in all: how many tests have an outcome in each mode, the tallies, and the differences."""
-    report = {"files": {}, "differences": [], "complete": True}
+    report = {"files": {}, "differences": [], "complete": True, "totals": {m: collections.Counter() for m in modes}}
     for file, nodes in sorted(ids.items()):
         outcomes = {m: {i: entries[(file, m, i)][1] for i in range(len(nodes)) if (file, m, i) in entries}
                     for m in modes}
         both = set(outcomes[modes[0]]) & set(outcomes[modes[1]])
         row = {"collected": len(nodes), "done_in_both": len(both)}
         for m in modes:
-            counts = {}
-            for outcome in outcomes[m].values():
-                counts[outcome] = counts.get(outcome, 0) + 1
-            row[m] = counts
+            row[m] = dict(collections.Counter(outcomes[m].values()))
+            report["totals"][m].update(row[m])
         differ = sorted(i for i in both if outcomes[modes[0]][i] != outcomes[modes[1]][i])
         report["differences"] += [{"file": file, "i": i, "id": nodes[i], modes[0]: outcomes[modes[0]][i],
                                    modes[1]: outcomes[modes[1]][i]} for i in differ]
@@ -97,4 +96,5 @@ def compare(entries, ids, modes=("stock", "hook")):
                              for i in sorted(both) if outcomes[modes[0]][i] != "passed"]
         report["complete"] = report["complete"] and len(both) == len(nodes)
         report["files"][file] = row
+    report["totals"] = {m: dict(c) for m, c in report["totals"].items()}
     return report

@@ -463,7 +463,7 @@ class Harness(object):
         results = {m: {"files": {}, "outcomes": {}} for m in modes}
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             for mode, f, info, xml in pool.map(one, jobs):
-                outcomes = parse_junit(xml)
+                outcomes = junit_outcomes.parse_junit(xml)
                 counts = junit_outcomes.tally(outcomes)
                 results[mode]["files"][f] = {"rc": info["rc"], "seconds": info["seconds"], "counts": counts,
                                              "log": info["log"]}
@@ -615,11 +615,6 @@ class Harness(object):
                 handle.write("\n".join(lines) + "\n")
             print("\n".join(lines))
         return 0
-
-
-def parse_junit(path):
-    """{'Class::test': outcome} from a pytest junit XML file (tests/junit_outcomes.py)."""
-    return junit_outcomes.parse_junit(path)
 
 
 if __name__ == "__main__":
