@@ -35,6 +35,13 @@ def parse_seconds(text):
     return seconds
 
 
+def parse_compiler_check(text):
+    value = str(text).strip().lower()
+    if value not in ("stat", "command"):
+        raise ValueError("not a compiler check: %r (write stat or command)" % (text,))
+    return value
+
+
 def _text(value):
     return str(value).strip() or None
 
@@ -81,11 +88,19 @@ KNOBS = {
     "remote_key_file": ("PTXBACKEND_REMOTE_KEY_FILE", None, _text),
     "remote_password_file": ("PTXBACKEND_REMOTE_PASSWORD_FILE", None, _text),
     "remote_ttl": ("PTXBACKEND_REMOTE_TTL", 0.0, parse_seconds),
+    # How a hit knows the toolkit is the one that made the entry (docs/configuration.md).
+    "compiler_check": ("PTXBACKEND_COMPILER_CHECK", "stat", parse_compiler_check),
+    "deps_recheck": ("PTXBACKEND_DEPS_RECHECK", 0.0, parse_seconds),
 }
 
-# Variables the compilers read that change what they produce: part of every request's key.
+# Variables the compilers read that change what they produce: part of every request's key.  The
+# second line are those nvcc.profile appends to (``INCLUDES += ...``: the environment's value comes
+# first), which tests/test_dependency_sets.py checks against real nvcc.profile files; nvcc honours
+# SOURCE_DATE_EPOCH for __DATE__ and __TIME__.
 NVCC_ENVIRONMENT = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH",
-                    "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
+                    "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH",
+                    "INCLUDES", "SYSTEM_INCLUDES", "LIBRARIES", "CUDAFE_FLAGS", "NVVM_FLAGS", "PTXAS_FLAGS",
+                    "OCG_FLAGS", "NVLINK_FLAGS", "CICC_PATH", "NVVMIR_LIBRARY_DIR", "SOURCE_DATE_EPOCH")
 
 _file_cache = {}
 _settings_cache = {}

@@ -1,322 +1,36 @@
-"""The compile-and-load path: source -> key -> cache hit or compile -> image -> load.
+"""The compile path: source -> key -> cache hit or compile -> artifact.
 
 Everything a warm start repeats per kernel is here, so it is kept lean: one
-hash of the request, one file read and checksum, no subprocess, no lock.
+hash of the request, one file read and checksum, one question to the
+dependency sets (answered from memory after a set's first check in the
+process), no subprocess, no lock.  Stores, compilers, requests and the load
+step each live in their own module (stores, toolchain, request, image).
 """
 
-import atexit
+import functools
 import logging
 import os
-import shutil
-import tempfile
 import time
 
 from . import driver
 from . import image as image_step
-from .cache import DirectoryStore, deps, layout, request_key
-from .cache.entries import EntryCache
+from . import request as requests
+from . import toolchain
+from .artifact import Artifact
+from .cache import depsets, layout, request_key
 from .cache.entry import metadata as entry_metadata
-from .compilers import COMPILERS, get_compiler
+from .compilers import COMPILERS
 from .compilers.base import CompilerIdentity
-from .compilers.options import read_path_options
+from .compilers.reads import environment_include_dirs
 from .config import compile_settings, configure_logging
-from .errors import CacheError, CompilerNotFoundError, DriverError, TargetError
+from .errors import CompilerNotFoundError, TargetError
 from .record import record_request
 from .state import state
-from .targets import choose_target, parse_cc
+from .stores import open_cache, open_store, remote_problem  # noqa: F401  (kept importable from here)
+from .targets import choose_target
+from .toolchain import device_compute_capability  # noqa: F401
 
 log = logging.getLogger("ptxbackend")
-
-
-class Artifact(object):
-    """A compiled image and where it came from.
-
-    Attributes:
-        image: the bytes (PTX text, cubin or fatbin).  After a hit at the cubin
-            level the PTX is read from the cache on first access only.
-        kind: ``'ptx'``, ``'cubin'`` or ``'fatbin'``.
-        target: the concrete :class:`~ptxbackend.targets.Target` built.
-        producer: the compiler that made it, e.g. ``'nvcc-11.2.152'``.
-        key: the request key (hex SHA-256).
-        name: the entry's name in every store (:mod:`ptxbackend.cache.layout`).
-        path: the entry's file in the local cache.
-        cache_hit: whether it came from the cache.
-        reason: why this target was chosen.
-        device_cc: the compute capability the choice was made for (or ``None``).
-    """
-
-    __slots__ = ("_image", "kind", "target", "producer", "key", "name", "path", "cache_hit", "reason",
-                 "device_cc", "store", "cubin_cache", "jit", "_request", "deps")
-
-    def __init__(self, image, kind, target, producer, key, name, cache_hit, reason, device_cc, store):
-        self._image = image
-        self.kind = kind
-        self.target = target
-        self.producer = producer
-        self.key = key
-        self.name = name
-        self.path = store.path_of(name)
-        self.cache_hit = cache_hit
-        self.reason = reason
-        self.device_cc = device_cc
-        self.store = store
-        self.cubin_cache = True  # PTXBACKEND_CUBIN_CACHE as compile() saw it: spares load() a settings read
-        self.jit = None  # (cc, driver build, cubin) found by compile() at the cubin level
-        self._request = None  # what compile() was asked, when it skipped reading the PTX
-        self.deps = b""  # the entry's dependency section: a JIT cubin must carry the same one
-
-    @property
-    def image(self):
-        if self._image is None:
-            self._image = _skipped_ptx(self)
-        return self._image
-
-    def __repr__(self):
-        return "<Artifact %s %s by %s, %s, %s>" % (
-            self.kind, self.target, self.producer,
-            "%d bytes" % len(self._image) if self._image is not None else "PTX not read",
-            "hit" if self.cache_hit else "compiled")
-
-
-def _skipped_ptx(artifact):
-    """The PTX of a hit served at the cubin level, which compile() did not read: read it now."""
-    found = artifact.store.read(artifact.name, artifact.key, "ptx", False, True)
-    if found is not None and found[2] == artifact.deps:
-        return found[0]
-    # Gone (pruned) or rebuilt since: the request again, without the shortcut.
-    return _compile(*artifact._request, jit_first=False).image
-
-
-def _warn_once(tag, message, *args):
-    if tag not in state.warned:
-        state.warned.add(tag)
-        log.warning(message, *args)
-
-
-def open_cache(settings):
-    """The :class:`~ptxbackend.cache.entries.EntryCache` for ``settings``: the local store for
-    ``settings.cache_dir`` and, when configured and usable, the fleet store."""
-    root = os.path.expanduser(settings.cache_dir)
-    marker = (root, settings.remote, settings.remote_mode, settings.remote_namespace, settings.remote_key_file,
-              settings.remote_password_file, settings.remote_timeout, settings.remote_ttl)
-    cache = state.given.get(root) or state.caches.get(marker)
-    if cache is None:
-        local = open_store(settings)
-        remote = _open_remote(settings, root)
-        with state.lock:
-            cache = state.caches.setdefault(marker, EntryCache(local, remote))
-    return cache
-
-
-def _open_remote(settings, root):
-    if not settings.remote:
-        return None
-    from .cache.remote import open_remote
-    remote, problem = open_remote(settings)
-    if problem:
-        state.remote_problems[root] = problem
-        _warn_once("remote", "ptxbackend: the fleet store is not used: %s", problem)
-    return remote
-
-
-def remote_problem(settings):
-    """Why the fleet store configured for ``settings`` is not used (``None`` when it is, or none is set)."""
-    open_cache(settings)
-    return state.remote_problems.get(os.path.expanduser(settings.cache_dir))
-
-
-def open_store(settings):
-    """The local store for ``settings.cache_dir``; a private temporary one if that cannot be used
-    (unless ``state.temporary_cache_fallback`` is off: then :class:`CacheError`)."""
-    root = os.path.expanduser(settings.cache_dir)
-    with state.lock:
-        given = state.given.get(root)
-        store = given.local if given is not None else state.stores.get(root)
-        if store is None:
-            try:
-                store = DirectoryStore(root, settings.cache_max_size, settings.lock_timeout)
-            except (CacheError, OSError) as exc:
-                if not state.temporary_cache_fallback:
-                    raise CacheError("cannot use the cache at %s: %s" % (root, exc) if not isinstance(
-                        exc, CacheError) else str(exc))
-                try:
-                    temporary = tempfile.mkdtemp(prefix="ptxbackend-cache-")
-                except OSError as tmp_exc:  # a read-only root file system: say what to set
-                    raise CacheError("no usable cache: %s; and no temporary one either (%s). Set "
-                                     "PTXBACKEND_CACHE_DIR or TMPDIR to a writable directory."
-                                     % (exc, tmp_exc))
-                _warn_once("store:" + root,
-                           "ptxbackend: %s\nptxbackend: using a temporary cache for this process instead "
-                           "(kernels will be compiled again next time).", exc)
-                # Per process, as the warning says: a line restarted daily must not fill /tmp.
-                atexit.register(_remove_temporary_cache, temporary, os.getpid())
-                store = DirectoryStore(temporary, settings.cache_max_size, settings.lock_timeout)
-            state.stores[root] = store
-        return store
-
-
-def _remove_temporary_cache(path, creator_pid):
-    if os.getpid() == creator_pid:  # not from a forked child that exits normally
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _compiler(settings, kind, store):
-    kind = kind or settings.compiler
-    marker = (kind, settings.nvcc, settings.nvrtc, os.environ.get("PATH"), os.environ.get("CUDA_PATH"),
-              os.environ.get("CUDA_HOME"), store.meta_dir)
-    with state.lock:
-        found = state.compilers.get(marker)
-    if found is None or not found.identity.unchanged():
-        # First use, or a file that does the work changed (a toolkit swapped behind a wrapper,
-        # an NVRTC updated in place): find and probe again.
-        found = get_compiler(kind, settings.nvcc, settings.nvrtc, os.path.join(store.meta_dir, "compilers"))
-        with state.lock:
-            state.compilers[marker] = found
-    return found
-
-
-def _forget_compilers():
-    with state.lock:
-        state.compilers.clear()
-        state.prepared.clear()
-        state.choices.clear()
-        state.settled.clear()
-
-
-def _explicit_compiler(settings, compiler):
-    """Whether the user named a compiler (argument, variable or config file): then it must work."""
-    return bool(compiler or settings.compiler or settings.nvcc or settings.nvrtc)
-
-
-def _prepare(settings, compiler):
-    """``(store, compiler, None)`` for these settings, or ``(store, None, CompilerNotFoundError)``.
-
-    Remembered per Settings object, which config renews whenever a variable it
-    depends on (PATH included) or the config file changes; the compiler's
-    identity is re-checked on every call (a stat of each file that does the
-    work).  A missing compiler is not remembered: one installed later is
-    found on the next call.  A compiler the user named that cannot be used is
-    an error, never a reason to serve whatever the cache holds.
-    """
-    marker = (settings, compiler)
-    found = state.prepared.get(marker)
-    if found is not None and found[1].identity.unchanged():
-        return found
-    store = open_cache(settings)
-    try:
-        found = (store, _compiler(settings, compiler, store), None)
-    except CompilerNotFoundError as missing:
-        if _explicit_compiler(settings, compiler):
-            raise
-        return store, None, missing
-    with state.lock:
-        if len(state.prepared) >= 256:
-            state.prepared.clear()
-        state.prepared[marker] = found
-    return found
-
-
-class _Request(object):
-    """What a compile request is, besides its source and target, for one compiler."""
-
-    __slots__ = ("options", "context", "path_options", "cwd_free")
-
-    def __init__(self, options, context, path_options, cwd_free):
-        self.options = options
-        self.context = context
-        self.path_options = path_options
-        self.cwd_free = cwd_free  # no relative path: the same wherever the process is
-
-
-def _request(options, name, source_dir, kind, host, environment):
-    """The effective options (relative paths made absolute) and the key's context."""
-    marker = (options, name, source_dir, kind, host, environment)
-    try:
-        found = state.requests.get(marker)
-    except TypeError:
-        marker = found = None
-    if found is not None:
-        return found
-    if source_dir:
-        # Quoted includes beside the source file, as when the compiler reads it there.
-        options = ("-I", os.path.abspath(source_dir)) + options
-    parsed = read_path_options(options)
-    backend = COMPILERS.get(kind)
-    compiled_name = backend.compiled_name(name) if backend else str(name)
-    context = (compiled_name, host) + environment
-    # A relative path depends on the working directory, which can change: remember only the rest.
-    found = _Request(parsed.options, context, parsed,
-                     parsed.options == options and (not source_dir or os.path.isabs(source_dir)))
-    _remember_request(state.requests, marker, found)
-    return found
-
-
-def _remember_request(memo, marker, found):
-    """Keep ``found`` under ``marker`` (a bounded memo), unless it depends on the working directory."""
-    if marker is not None and found.cwd_free:
-        with state.lock:
-            if len(memo) >= 1024:
-                memo.clear()
-            memo[marker] = found
-
-
-def _settled_request(options, name, source_dir, comp, settings):
-    """:func:`_request` for a compiler in use, remembered per (options, name, directory, compiler,
-    settings): the warm path's one dictionary lookup for all of it."""
-    marker = (options, name, source_dir, comp, settings)
-    try:
-        found = state.settled.get(marker)
-    except TypeError:
-        marker = found = None
-    if found is None:
-        found = _request(options, name, source_dir, comp.kind, comp.identity.host,
-                         _environment(settings, type(comp)))
-        _remember_request(state.settled, marker, found)
-    return found
-
-
-def _environment(settings, comp_class):
-    """The compiler's variables that are set, as ``NAME=value`` (config reads nvcc's only)."""
-    return settings.compiler_env if comp_class.environment else ()
-
-
-def _choose_target(spec, comp, cc):
-    """choose_target(), remembered per (spec, compiler, device): the hit path asks every time."""
-    marker = (str(spec), comp, cc)  # comp itself: the dict keeps it alive, so no id is reused
-    chosen = state.choices.get(marker)
-    if chosen is None:
-        chosen = choose_target(spec, comp.identity, cc)
-        with state.lock:
-            state.choices[marker] = chosen
-    return chosen
-
-
-def _other_compiler_hint(settings, compiler, comp, store, cc):
-    """When the compiler chosen for the user cannot build for this GPU, name one here that can."""
-    if compiler or settings.compiler:
-        return ""  # the user chose it: say what is wrong with it, not what else there is
-    for kind in COMPILERS:
-        if kind == comp.kind:
-            continue
-        try:
-            other = get_compiler(kind, settings.nvcc, settings.nvrtc, os.path.join(store.meta_dir, "compilers"))
-            chosen, _reason = choose_target(settings.target, other.identity, cc)
-        except (CompilerNotFoundError, TargetError):
-            continue
-        if chosen.output_kind in other.output_kinds:
-            return ("\n%s %s at %s can build %s for it: set PTXBACKEND_COMPILER=%s." % (
-                kind, other.identity.version, other.identity.path, chosen, kind))
-    return ""
-
-
-def device_compute_capability(settings):
-    """The compute capability to build for: argument or PTXBACKEND_DEVICE_CC, else the current GPU's."""
-    if settings.device_cc is not None:
-        return parse_cc(settings.device_cc)
-    try:
-        return image_step.current_device_cc()
-    except DriverError:  # no driver, no device: what driver.available() would say, one call cheaper
-        return None
 
 
 def compile(source, options=(), target=None, compiler=None, device_cc=None, cache_dir=None,
@@ -344,7 +58,8 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
             run in that directory would.
     """
     settings = compile_settings(target, compiler, device_cc, cache_dir)
-    options = tuple(str(o) for o in options) if options else ()
+    # A path that is not UTF-8 may come as bytes (NVRTC takes it): as str with its bytes kept.
+    options = tuple(os.fsdecode(o) if isinstance(o, bytes) else str(o) for o in options) if options else ()
     artifact = _compile(settings, source, options, compiler, name, source_dir)
     artifact.cubin_cache = settings.cubin_cache
     if settings.record:
@@ -353,36 +68,31 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
     return artifact
 
 
-def _host(comp, path_options):
-    """The host compiler nvcc preprocesses with, as the key names it ('' for NVRTC)."""
-    ccbin = path_options.ccbin
-    if ccbin and hasattr(comp, "host_compiler"):
-        host = comp.host_compiler(ccbin)
-        return host.host, host.system_dirs
-    return comp.identity.host, ()
-
-
 def _compile(settings, source, options, compiler, name, source_dir=None, jit_first=True, reprobed=False):
     configure_logging(settings.log)
-    store, comp, missing = _prepare(settings, compiler)
-    cc = device_compute_capability(settings)
+    depsets.recheck_seconds = settings.deps_recheck
+    store, comp, missing = toolchain.prepare(settings, compiler)
+    cc = toolchain.device_compute_capability(settings)
     # On a warm start with the cubin level on, the JIT cubin is all load() needs: look for it first.
     jit_first = jit_first and settings.cubin_cache and settings.device_cc is None and cc is not None
     if comp is None:
         return _from_cache_only(store, settings, source, options, name, source_dir, cc, missing)
     try:
-        chosen, reason = _choose_target(settings.target, comp, cc)
+        chosen, reason = toolchain.choose(settings.target, comp, cc)
     except TargetError as exc:
-        raise TargetError("%s%s" % (exc, _other_compiler_hint(settings, compiler, comp, store, cc)))
+        raise TargetError("%s%s" % (exc, toolchain.other_compiler_hint(settings, compiler, comp, store, cc)))
     if chosen.output_kind not in comp.output_kinds:
         raise TargetError("%s cannot produce a %s (target %s); use nvcc (PTXBACKEND_COMPILER=nvcc) "
                           "or a target it supports: %s" % (comp.identity.producer, chosen.output_kind,
                                                            chosen, ", ".join(comp.output_kinds)))
-    request = _settled_request(options, name, source_dir, comp, settings)
+    request = requests.settled(options, name, source_dir, comp, settings)
     extra_system = ()
     if request.path_options.ccbin:
-        host, extra_system = _host(comp, request.path_options)
-        request = _request(options, name, source_dir, comp.kind, host, _environment(settings, type(comp)))
+        host, extra_system = requests.host(comp, request.path_options)
+        request = requests.build(options, name, source_dir, comp.kind, host,
+                                 requests.environment(settings, type(comp)), comp.identity.content)
+    if request.arch_options:
+        request.check_target(chosen)
     key = request_key(source, request.options, chosen, request.context)
     producer = comp.identity.producer
     entry = layout.entry_name(producer, chosen, key, chosen.output_kind)
@@ -390,7 +100,8 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
         artifact = _jit_hit(store, chosen, producer, key, entry, reason, cc)
         if artifact is not None:
             # The PTX entry is read only if asked for (artifact.image).
-            artifact._request = (settings, source, options, compiler, name, source_dir)
+            artifact._again = functools.partial(_compile, settings, source, options, compiler, name,
+                                                source_dir, False)
             return artifact
     found = _valid(store.read(entry, key, chosen.output_kind, False, True), entry, store)
     if found is None:
@@ -402,7 +113,7 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
     if found is None:
         # A file behind the toolkit changed (cicc, ptxas, nvcc.profile ...): probe it again, with the
         # entry's lock released, before anything is built and filed under the old identity.
-        _forget_compilers()
+        toolchain.forget_compilers()
         if reprobed:
             raise CompilerNotFoundError(
                 "the files of %s kept changing while ptxbackend probed them (an install or upgrade "
@@ -415,48 +126,38 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
 
 
 def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, extra_system):
-    """Compile a miss (its lock held) and file it with the files the compile read."""
+    """Compile a miss (its lock held) and file it with its dependency set."""
     inputs = list(request.path_options.option_files)
     started = time.time()
     image = comp.compile(source, request.options, chosen, name, inputs)
-    section, system_list, digest = _dependency_section(inputs, started, comp, request, extra_system)
+    search = comp.search_path(request.path_options, name, request.options) + list(extra_system)
+    built = depsets.build(inputs, search, list(comp.identity.system_dirs) + list(extra_system),
+                          request.path_options.named_dirs + environment_include_dirs(), source, started)
     producer = comp.identity.producer
+    artifact = Artifact(image, chosen.output_kind, chosen, producer, key, entry, False, reason, cc, store)
+    artifact.deps = built.section
+    if built.volatile:
+        # __TIME__ or __TIMESTAMP__: the next compile's bytes differ, so none is ever served.
+        log.debug("ptxbackend: %s not cached: it uses __TIME__ or __TIMESTAMP__, or what it read cannot be told", key[:12])
+        return artifact
     try:
-        if system_list is not None:
-            store.save_system_deps(digest, system_list)  # before the entry that names it
-        store.write(entry, image, entry_metadata(key, chosen, producer, request.options, "compile"), section)
+        if built.blob is not None:
+            store.save_depset(built.digest, built.blob)  # before the entry that names it
+        store.write(entry, image, entry_metadata(key, chosen, producer, request.options, "compile"),
+                    built.section)
         store.save_producer(producer, comp.identity.producer_record())
     except OSError as exc:
         store.note_unwritable(exc)  # once per store, with the lock's own failure
     log.debug("ptxbackend: compiled %s for %s with %s", key[:12], chosen, producer)
-    artifact = Artifact(image, chosen.output_kind, chosen, producer, key, entry, False, reason, cc, store)
-    artifact.deps = section
     return artifact
 
 
-def _valid(found, entry, store, system_too=True, missing_ok=False):
-    """``found`` when the files its compile read still hold the same bytes, else ``None`` (a miss)."""
-    if found is None or deps.still_valid(found[2], store.load_system_deps if system_too else None,
-                                         missing_ok):
+def _valid(found, entry, store, complete=True, missing_ok=False):
+    """``found`` when its dependency set still holds, else ``None`` (a miss)."""
+    if found is None or depsets.fresh(found[2], store.load_depset, complete, missing_ok):
         return found
-    log.debug("ptxbackend: %s: a file the compile read has changed; compiling again", entry)
+    log.debug("ptxbackend: %s: a file the compile read or searched has changed; compiling again", entry)
     return None
-
-
-def _dependency_section(inputs, started, comp, request, extra_system):
-    seen = set()
-    unique = [p for p in inputs if not (p in seen or seen.add(p))]
-    named = request.path_options.named_dirs + _environment_dirs()
-    user, system = deps.split_system(unique, list(comp.identity.system_dirs) + list(extra_system), named)
-    return deps.encode(deps.record(user, started), deps.record(system, started))
-
-
-def _environment_dirs():
-    """Include directories named by the environment: their headers are the user's."""
-    dirs = []
-    for name in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
-        dirs += [os.path.realpath(d) for d in (os.environ.get(name) or "").split(os.pathsep) if d]
-    return dirs
 
 
 def _jit_hit(store, target, producer, key, entry, reason, cc):
@@ -475,31 +176,32 @@ def _jit_hit(store, target, producer, key, entry, reason, cc):
 
 
 def _from_cache_only(store, settings, source, options, name, source_dir, cc, missing):
-    """No compiler here: look for the request under every producer the cache knows.
+    """No compiler here: look for the request under every producer and toolkit the cache knows.
 
     The toolkit's own headers are not on this machine, so only the caller's
     headers are checked: one that exists must be unchanged.
     """
     for producer, record in store.producer_records():
         try:
-            identity = CompilerIdentity.from_json(record)
+            identity = CompilerIdentity.from_json(dict(record, content=""))
             chosen, reason = choose_target(settings.target, identity, cc)
         except (TargetError, KeyError, TypeError, ValueError):
             continue
         backend = COMPILERS.get(identity.kind)
         if backend is None or identity.producer != producer:
             continue
-        request = _request(options, name, source_dir, identity.kind, identity.host,
-                           _environment(settings, backend))
-        key = request_key(source, request.options, chosen, request.context)
-        entry = layout.entry_name(producer, chosen, key, chosen.output_kind)
-        found = _valid(store.read(entry, key, chosen.output_kind, True, True), entry, store, False, True)
-        if found is not None:
-            log.debug("ptxbackend: no compiler; cache hit from %s", producer)
-            artifact = Artifact(found[0], chosen.output_kind, chosen, producer, key, entry, True,
-                                reason + " (cached; no compiler on this machine)", cc, store)
-            artifact.deps = found[2]
-            return artifact
+        for toolkit in record.get("toolkits") or [""]:
+            request = requests.build(options, name, source_dir, identity.kind, identity.host,
+                                     requests.environment(settings, backend), str(toolkit))
+            key = request_key(source, request.options, chosen, request.context)
+            entry = layout.entry_name(producer, chosen, key, chosen.output_kind)
+            found = _valid(store.read(entry, key, chosen.output_kind, True, True), entry, store, False, True)
+            if found is not None:
+                log.debug("ptxbackend: no compiler; cache hit from %s", producer)
+                artifact = Artifact(found[0], chosen.output_kind, chosen, producer, key, entry, True,
+                                    reason + " (cached; no compiler on this machine)", cc, store)
+                artifact.deps = found[2]
+                return artifact
     raise CompilerNotFoundError(
         "%s\nThe cache at %s has no entry for this kernel either. Import a bundle made on a "
         "build box with the same kernels, or install a compiler." % (missing, store.root))
@@ -527,4 +229,4 @@ def load(artifact_or_source, options=(), **compile_args):
 
 def _reset_for_tests():
     state.reset()
-    deps.forget()
+    depsets.forget()

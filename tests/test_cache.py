@@ -99,12 +99,17 @@ def test_include_dirs_forms(tmp_path):
 
 
 def test_relative_paths_in_options_are_made_absolute(tmp_path):
+    (tmp_path / "pre.h").write_text("")  # nvcc finds a relative -include in the working directory first
     parsed = read_path_options(["-I", "inc", "-Isub", "-isystem", "sys", "-include", "pre.h", "-DX=inc"],
                                str(tmp_path))
     assert parsed.options == ("-I", str(tmp_path / "inc"), "-I" + str(tmp_path / "sub"),
                               "-isystem", str(tmp_path / "sys"), "-include", str(tmp_path / "pre.h"), "-DX=inc")
     assert parsed.named_dirs == [str(tmp_path / "inc"), str(tmp_path / "sub"), str(tmp_path / "sys")]
     assert parsed.pre_includes == [str(tmp_path / "pre.h")]
+    # ... and then on the include path: a name not in the working directory is left to nvcc.
+    parsed = read_path_options(["-I", "inc", "-include", "val.h"], str(tmp_path))
+    assert parsed.options == ("-I", str(tmp_path / "inc"), "-include", "val.h")
+    assert parsed.pre_include_names == ["val.h"]
 
 
 def test_store_write_read_and_private_modes(tmp_path):
@@ -112,9 +117,9 @@ def test_store_write_read_and_private_modes(tmp_path):
     cache = EntryCache(store)
     name = layout.entry_name("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, "ptx")
     path = store.path_of(name)
-    assert "/v3/nvcc-13.0.88/compute_75/ab/" + "ab" + "0" * 62 + ".ptx" in path
+    assert "/v4/nvcc-13.0.88/compute_75/ab/" + "ab" + "0" * 62 + ".ptx" in path
     jit = store.path_of(layout.jit_name("nvcc-13.0.88", parse_target("compute_75"), "ab" + "0" * 62, 90, "580.1"))
-    assert jit.endswith("/v3/nvcc-13.0.88/compute_75/jit/sm_90-580.1/ab/" + "ab" + "0" * 62 + ".cubin")
+    assert jit.endswith("/v4/nvcc-13.0.88/compute_75/jit/sm_90-580.1/ab/" + "ab" + "0" * 62 + ".cubin")
     cache.write(name, b"ptx text", {"key": "ab" + "0" * 62, "kind": "ptx"})
     assert cache.read(name, "ab" + "0" * 62, "ptx")[0] == b"ptx text"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

@@ -129,7 +129,7 @@ def test_bundle_reaches_a_line_pc_with_the_same_toolkit_as_hits(logging_nvcc, tm
     path = str(tmp_path / "kernels.tgz")
     bundle.export_bundle(DirectoryStore(str(tmp_path / "build-box")), path)
     names = tarfile.open(path).getnames()
-    assert any("/sysdeps/" in n for n in names) and not any("/meta/" in n for n in names)
+    assert any("/depsets/" in n for n in names) and not any("/meta/" in n for n in names)
     compiles = count_calls(log, "--ptx")
     bundle.import_bundle(DirectoryStore(str(tmp_path / "line-pc")), path)
     env["PTXBACKEND_CACHE_DIR"] = str(tmp_path / "line-pc")
@@ -162,15 +162,30 @@ def test_import_refuses_a_producer_record_that_names_a_path(tmp_path):
         bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), path)
 
 
-def test_import_refuses_a_header_list_not_named_by_its_digest(tmp_path):
-    data = json.dumps([["/usr/include/stdio.h", 1, 2, 3, 4, "0" * 64, True]]).encode()
+def test_import_refuses_a_dependency_set_not_named_by_its_digest(tmp_path):
+    data = json.dumps({"files": [["/usr/include/stdio.h", 1, 2, 3, 4, 5, "0" * 64, True, True]],
+                       "absent": [["/usr/include", 1, 2, 3, True, ["val.h"]]]}).encode()
     wrong = "ab" + "0" * 62
-    path = _valid_bundle_plus(tmp_path, "%s/sysdeps/ab/%s.json" % (LAYOUT, wrong), data)
+    path = _valid_bundle_plus(tmp_path, "%s/depsets/ab/%s.json" % (LAYOUT, wrong), data)
     with pytest.raises(CacheError, match="SHA-256 of its content"):
         bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), path)
     right = hashlib.sha256(data).hexdigest()
-    ok = _valid_bundle_plus(tmp_path, "%s/sysdeps/%s/%s.json" % (LAYOUT, right[:2], right), data)
+    ok = _valid_bundle_plus(tmp_path, "%s/depsets/%s/%s.json" % (LAYOUT, right[:2], right), data)
     assert bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), ok) == (0, 0)
+
+
+@pytest.mark.parametrize("body", [
+    [["/usr/include/stdio.h", 1, 2, 3, 4, "0" * 64, True]],                      # the 0.3 header list
+    {"files": [["/x.h", 1, 2, 3, 4, 5, "0" * 64, True, True]], "absent": [], "run": "/bin/sh"},
+    {"files": [["/x.h", "1", 2, 3, 4, 5, "0" * 64, True, True]], "absent": []},
+    {"files": [], "absent": [["/usr/include", 1, 2, 3, True, ["../../etc/passwd"]]]},
+])
+def test_import_refuses_what_is_not_a_dependency_set(tmp_path, body):
+    data = json.dumps(body).encode()
+    right = hashlib.sha256(data).hexdigest()
+    path = _valid_bundle_plus(tmp_path, "%s/depsets/%s/%s.json" % (LAYOUT, right[:2], right), data)
+    with pytest.raises(CacheError, match="not a dependency set"):
+        bundle.import_bundle(DirectoryStore(str(tmp_path / "c")), path)
 
 
 def _real_bundle(tmp_path, nvcc13):

@@ -15,7 +15,7 @@ def test_nvcc13_builds_native_cubin_for_h200(nvcc13):
     art = ptxbackend.compile(SAXPY, compiler="nvcc", device_cc="9.0")
     assert (art.kind, str(art.target)) == ("cubin", "sm_90")
     assert art.image[:4] == b"\x7fELF" and not art.cache_hit
-    assert "/v3/nvcc-13." in art.path and "/sm_90/" in art.path and art.path.endswith(".cubin")
+    assert "/v4/nvcc-13." in art.path and "/sm_90/" in art.path and art.path.endswith(".cubin")
     again = ptxbackend.compile(SAXPY, compiler="nvcc", device_cc="9.0")
     assert again.cache_hit and again.image == art.image and again.path == art.path
 
@@ -33,7 +33,7 @@ def test_nvcc112_on_h200_emits_compute_86_ptx(nvcc112, monkeypatch):
     art = ptxbackend.compile(SAXPY, device_cc="9.0")
     assert (art.kind, str(art.target), art.producer) == ("ptx", "compute_86", "nvcc-11.2.152")
     assert b".target sm_86" in art.image and b".entry saxpy" in art.image
-    assert "/v3/nvcc-11.2.152/compute_86/" in art.path
+    assert "/v4/nvcc-11.2.152/compute_86/" in art.path
     native = ptxbackend.compile(SAXPY, device_cc="8.6")
     assert (native.kind, str(native.target)) == ("cubin", "sm_86")
 

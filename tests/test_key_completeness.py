@@ -7,6 +7,7 @@ signatures are trusted at once (``deps.RACY_SECONDS = 0``) so that the stat path
 tested, not the always-hash path that protects files changed just before a compile.
 """
 
+import json
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ import time
 import pytest
 
 import ptxbackend
-from ptxbackend.cache import deps
+from ptxbackend.cache import depsets as deps
 from ptxbackend.compilers.nvcc import NvccCompiler
 from ptxbackend.compilers.nvrtc import NvrtcCompiler, probe_nvrtc
 from ptxbackend.targets import parse_target
@@ -295,11 +296,12 @@ def test_toolkit_swapped_behind_an_unchanged_wrapper_is_seen_at_the_next_call(nv
     # The other way round as well, in a fresh process (the identity memo on disk is checked too).
     os.unlink(str(link))
     os.symlink(str(tmp_path / "tk11"), str(link))
-    out = subprocess.check_output(
+    proc = subprocess.run(
         [sys.executable, "-c", "import ptxbackend; a = ptxbackend.compile(%r, device_cc='9.0'); "
                                "print(a.producer, a.target, a.cache_hit)" % KERNEL.replace("VAL", "1.0f")],
-        env=dict(os.environ, PYTHONPATH=REPO)).decode().split()
-    assert out == ["nvcc-11.2.152", "compute_86", "True"]
+        env=dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_LOG="debug"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.stdout.split() == ["nvcc-11.2.152", "compute_86", "True"], proc.stderr
 
 
 @pytest.fixture(scope="session")
@@ -376,15 +378,15 @@ def test_a_header_changed_in_the_same_timestamp_tick_is_compared_by_content(tmp_
     for _attempt in range(20):
         header.write_bytes(b"#define VAL 1.0f\n")
         # Written shortly before the compile started (a second later, so not *during* it).
-        records = deps.record([str(header)], started=time.time() + 1.0)
+        built = deps.build([str(header)], [str(tmp_path)], [], [], b"", started=time.time() + 1.0)
         header.write_bytes(b"#define VAL 2.0f\n")  # same size, the same second
-        if int(real_stat(str(header)).st_ctime) == records[0][3] // 10 ** 9:
+        recorded = json.loads(built.blob.decode("ascii"))["files"][0]
+        if int(real_stat(str(header)).st_ctime) == recorded[3] // 10 ** 9:
             break
     else:
         pytest.skip("every rewrite landed in a later second")
     deps.forget()
-    section = deps.encode(records, [])[0]
-    assert not deps.still_valid(section)
+    assert not deps.fresh(built.section, {built.digest: built.blob}.get)
 
 
 @pytest.mark.toolkit

@@ -25,7 +25,7 @@ from ptxbackend.cache.remote import HEADER_SIZE, MAGIC, RemoteStore, open_remote
 KEY_HEX = "ab" * 32
 ENTRY = "nvcc-13.0.88/compute_75/ab/%s.ptx" % KEY_HEX
 JIT = "nvcc-13.0.88/compute_75/jit/sm_90-580.159.04/ab/%s.cubin" % KEY_HEX
-SYSDEP = "sysdeps/cd/%s.json" % ("cd" * 32)
+SYSDEP = "depsets/cd/%s.json" % ("cd" * 32)
 
 
 # -- fixtures -----------------------------------------------------------------------------------------
@@ -119,15 +119,15 @@ def test_round_trip_put_get_delete_list(make_store, raw, fleet_key, namespace, v
         assert store.get(name) == blob
     assert store.state == "ok"
 
-    # The stored value is exactly the documented format, under <namespace>:v3/<name>.
-    redis_key = "%s:v3/%s" % (namespace, ENTRY)
+    # The stored value is exactly the documented format, under <namespace>:v4/<name>.
+    redis_key = "%s:v4/%s" % (namespace, ENTRY)
     assert store.redis_key(ENTRY) == redis_key
     assert raw.get(redis_key) == expected_value(fleet_key, redis_key, blobs[ENTRY])
     assert raw.ttl(redis_key) == -1  # no TTL asked for
 
     assert store.list() == sorted(blobs)
     assert store.list("nvcc-13.0.88/compute_75/jit/") == [JIT]
-    assert store.list("sysdeps/") == [SYSDEP]
+    assert store.list("depsets/") == [SYSDEP]
     assert store.list("nothing/") == []
 
     store.delete(ENTRY)
@@ -149,11 +149,11 @@ def test_empty_blob_round_trips(make_store):
 
 def test_list_treats_glob_characters_in_the_prefix_literally(make_store):
     store = make_store()
-    store.put("sysdeps/ab/x.json", b"1")
-    store.put("sysdeps/ac/x.json", b"2")
-    assert store.list("sysdeps/a?/") == []
-    assert store.list("sysdeps/a[b]/") == []
-    assert store.list("sysdeps/ab/") == ["sysdeps/ab/x.json"]
+    store.put("depsets/ab/x.json", b"1")
+    store.put("depsets/ac/x.json", b"2")
+    assert store.list("depsets/a?/") == []
+    assert store.list("depsets/a[b]/") == []
+    assert store.list("depsets/ab/") == ["depsets/ab/x.json"]
 
 
 def test_namespaces_and_lock_keys_are_apart(make_store, raw, namespace):
@@ -164,7 +164,7 @@ def test_namespaces_and_lock_keys_are_apart(make_store, raw, namespace):
     assert other.list() == []
     with one.lock(ENTRY, 1) as held:
         assert held
-        assert raw.exists("%s:lock:v3/%s" % (namespace, ENTRY)) == 1
+        assert raw.exists("%s:lock:v4/%s" % (namespace, ENTRY)) == 1
         assert one.list() == [ENTRY]  # the lock key is not a name
 
 

@@ -2,16 +2,16 @@
 
 A bundle is a tar file holding ``ptxbackend-bundle.json`` (format, schema
 version, and the SHA-256 and size of every file) followed by the files
-themselves, laid out as in the store (``v3/<producer>/<target>/...``): the
+themselves, laid out as in the store (``v4/<producer>/<target>/...``): the
 entries, each producer's record (what it can emit; no path of the build box),
-and the lists of toolkit headers the entries' compiles read
-(``v3/sysdeps/<kk>/<sha256>.json``), so that a line PC with the same toolkit
+and the dependency sets the entries name, each once
+(``v4/depsets/<kk>/<sha256>.json``), so that a line PC with the same headers
 can check them and hit instead of compiling again.
 
 Import trusts nothing in the archive: only regular files of those three kinds
 are accepted (never this machine's own compiler memos), every file must match
-the manifest's checksum and be a valid entry, producer record or header list
-(a list's name is its content's SHA-256), and each one is written atomically,
+the manifest's checksum and be a valid entry, producer record or dependency set
+(a set's name is its content's SHA-256), and each one is written atomically,
 so a damaged bundle adds nothing half-written to the cache.
 """
 
@@ -27,6 +27,7 @@ import zlib
 from .. import _fsutil
 from .._version import __version__
 from ..errors import CacheError
+from . import depsets
 from . import entry as entry_format
 from .keys import SCHEMA_VERSION
 from .store import LAYOUT
@@ -34,7 +35,7 @@ from .store import LAYOUT
 MANIFEST = "ptxbackend-bundle.json"
 BUNDLE_FORMAT = 1
 # What an import reads at most: a manifest, one file, all files.  Far above any real cache (kernels are
-# kilobytes, a header list tens of kilobytes), far below what would exhaust a line PC's memory.
+# kilobytes, a dependency set tens of kilobytes), far below what would exhaust a line PC's memory.
 MAX_MANIFEST = 64 << 20
 MAX_FILE = 256 << 20
 MAX_TOTAL = 4 << 30
@@ -47,8 +48,8 @@ def _identity_files(store):
             yield path
 
 
-def _system_lists(store):
-    top = os.path.join(store.base, "sysdeps")
+def _dependency_sets(store):
+    top = os.path.join(store.base, "depsets")
     for base, _dirs, files in os.walk(top):
         for name in sorted(files):
             if name.endswith(".json") and not name.startswith("."):
@@ -68,7 +69,7 @@ def export_bundle(store, destination, include_jit=True, force=False):
             continue
         files.append(path)
     files.extend(_identity_files(store))
-    files.extend(_system_lists(store))
+    files.extend(_dependency_sets(store))
     records = []
     blobs = []
     for path in sorted(files):
@@ -124,14 +125,14 @@ def _kind_of(name):
     which name the programs and libraries it runs), locks, or files of another layout.
     """
     parts = name.split("/")
-    if len(parts) == 3 and parts[2] == "identity.json" and parts[1] not in ("meta", "locks", "sysdeps"):
+    if len(parts) == 3 and parts[2] == "identity.json" and parts[1] not in ("meta", "locks", "depsets"):
         return "producer"
-    if len(parts) == 4 and parts[1] == "sysdeps" and parts[3].endswith(".json"):
+    if len(parts) == 4 and parts[1] == "depsets" and parts[3].endswith(".json"):
         digest = parts[3][:-5]
         if len(digest) == 64 and set(digest) <= _HEX and parts[2] == digest[:2]:
             return "headers"
         return None
-    if len(parts) >= 5 and parts[1] not in ("meta", "locks", "sysdeps") \
+    if len(parts) >= 5 and parts[1] not in ("meta", "locks", "depsets") \
             and parts[-1].rsplit(".", 1)[-1] in ("ptx", "cubin", "fatbin"):
         return "entry"
     return None
@@ -154,18 +155,13 @@ def _check_file(kind, name, data):
     if kind == "headers":
         if hashlib.sha256(data).hexdigest() != name.rsplit("/", 1)[1][:-5]:
             raise ValueError("its name is not the SHA-256 of its content")
-        if not isinstance(value, list) or not all(_header_record(r) for r in value):
-            raise ValueError("not a list of header records")
+        if not depsets.well_formed(value):
+            raise ValueError("not a dependency set")
         return
-    allowed = {"kind", "version", "virtual_archs", "real_archs", "archs_reliable", "host"}
-    if not isinstance(value, dict) or not set(value) <= allowed or "kind" not in value:
+    allowed = {"kind", "version", "virtual_archs", "real_archs", "archs_reliable", "host", "toolkits"}
+    if not isinstance(value, dict) or not set(value) <= allowed or "kind" not in value \
+            or not all(isinstance(t, str) for t in value.get("toolkits") or []):
         raise ValueError("not a producer record (a producer record names no program or library)")
-
-
-def _header_record(record):
-    return (isinstance(record, list) and len(record) == 7 and isinstance(record[0], str)
-            and all(isinstance(v, int) for v in record[1:5]) and isinstance(record[5], str)
-            and isinstance(record[6], bool))
 
 
 def _read_verified(source):
@@ -199,7 +195,7 @@ def _read_verified(source):
             kind = _kind_of(member.name) if _safe_name(member.name) else None
             if not member.isfile() or kind is None or member.name not in expected:
                 raise CacheError("%s: unexpected member %r (not a regular file listed in the manifest, or "
-                                 "not an entry, producer record or header list); nothing was imported"
+                                 "not an entry, producer record or dependency set); nothing was imported"
                                  % (source, member.name))
             record = expected.pop(member.name)
             # Sizes are checked before a byte is read: a small archive may unpack to gigabytes.

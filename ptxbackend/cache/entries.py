@@ -153,10 +153,10 @@ class EntryCache(object):
             if local is not None:
                 local.__exit__(None, None, None)
 
-    # -- the toolkit's own headers, shared by the entries that read them --------------------------
-    def save_system_deps(self, digest, blob):
-        """Keep a system-header list under its digest (once: the same content has the same name)."""
-        name = layout.system_deps_name(digest)
+    # -- dependency sets, shared by the entries that name them ------------------------------------
+    def save_depset(self, digest, blob):
+        """Keep a dependency set under its digest (once: the same content has the same name)."""
+        name = layout.depset_name(digest)
         try:
             if self.local.get(name) is not None:
                 return
@@ -165,11 +165,11 @@ class EntryCache(object):
         self.local.put(name, blob)
         self._upload(name, blob)
 
-    def load_system_deps(self, digest):
-        """The system-header list named ``digest``, or ``None`` (the caller checks the digest)."""
+    def load_depset(self, digest):
+        """The dependency set named ``digest``, or ``None`` (the caller checks the digest)."""
         if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
             return None
-        name = layout.system_deps_name(digest)
+        name = layout.depset_name(digest)
         for store in (self.local, self.remote):
             if store is None:
                 continue
@@ -188,12 +188,16 @@ class EntryCache(object):
         """Record what ``producer`` can emit (a dict naming no path), so a machine without it can
         still resolve targets."""
         name = layout.producer_name(producer)
-        blob = json.dumps(record, sort_keys=True).encode("utf-8")
         try:
-            if self.local.get(name) == blob:
-                return  # the usual case: written by an earlier miss
-        except UnusableValue:
-            pass
+            known = json.loads(self.local.get(name).decode("utf-8"))
+        except (UnusableValue, AttributeError, ValueError):
+            known = {}
+        # Two installs of one version (another toolkit content) share the producer: keep both.
+        toolkits = list(known.get("toolkits") or []) if isinstance(known, dict) else []
+        record = dict(record, toolkits=sorted(set(toolkits + list(record.get("toolkits") or []))))
+        if known == record:
+            return  # the usual case: written by an earlier miss
+        blob = json.dumps(record, sort_keys=True).encode("utf-8")
         self.local.put(name, blob)
         self._upload(name, blob)
 
@@ -210,7 +214,7 @@ class EntryCache(object):
         return found
 
     def push(self):
-        """Upload every valid local entry, JIT cubin, header list and producer record to the fleet
+        """Upload every valid local entry, JIT cubin, dependency set and producer record to the fleet
         store (a build box seeding the fleet).  Returns ``(files, bytes)`` uploaded."""
         files = size = 0
         for name in self.local.list(""):

@@ -14,7 +14,7 @@ machine with no compiler can still find an entry for the same request.
 import hashlib
 import json
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _key_heads = {}
 _KEY_HEADS_LIMIT = 4096

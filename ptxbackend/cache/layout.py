@@ -7,7 +7,7 @@ cache directory, a key on the fleet server)::
     <producer>/<target>/<kk>/<key>.<kind>                       compiler output (an entry)
     <producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin   the driver's JIT of a PTX entry
     <producer>/identity.json                                    what that producer can emit
-    sysdeps/<kk>/<sha256>.json                                  toolkit headers a compile read
+    depsets/<kk>/<sha256>.json                                  what a compile read and searched (depsets.py)
 """
 
 from .keys import SCHEMA_VERSION
@@ -15,7 +15,7 @@ from .keys import SCHEMA_VERSION
 LAYOUT = "v%d" % SCHEMA_VERSION
 KINDS = ("ptx", "cubin", "fatbin")
 #: Top-level names that are not producers (the directory store keeps locks and memos there).
-RESERVED = ("locks", "meta", "sysdeps")
+RESERVED = ("locks", "meta", "depsets")
 
 
 def entry_name(producer, target, key, kind):
@@ -30,8 +30,8 @@ def producer_name(producer):
     return producer + "/identity.json"
 
 
-def system_deps_name(digest):
-    return "sysdeps/%s/%s.json" % (digest[:2], digest)
+def depset_name(digest):
+    return "depsets/%s/%s.json" % (digest[:2], digest)
 
 
 def level_of(name):

@@ -192,7 +192,7 @@ class DirectoryStore(Store):
     def list(self, prefix=""):
         """Names under ``prefix`` (files only, temporary files and this store's own trees left out)."""
         with self._base_fd() as base_fd:
-            for _dir_fd, relative, name, st in self._files(base_fd, include_sysdeps=True):
+            for _dir_fd, relative, name, st in self._files(base_fd, include_depsets=True):
                 if stat_module.S_ISREG(st.st_mode) and not name.startswith(".tmp-"):
                     found = relative.replace(os.sep, "/")
                     if found.startswith(prefix):
@@ -221,9 +221,9 @@ class DirectoryStore(Store):
         finally:
             os.close(fd)
 
-    def _files(self, base_fd, include_sysdeps=False):
+    def _files(self, base_fd, include_depsets=False):
         """Yield ``(directory_fd, relative_path, name, stat)`` of every file below a producer."""
-        for producer in self.producers(base_fd) + (["sysdeps"] if include_sysdeps else []):
+        for producer in self.producers(base_fd) + (["depsets"] if include_depsets else []):
             for dir_fd, relative_dir, name, st in _fsutil.walk_files(base_fd, producer):
                 yield dir_fd, os.path.join(relative_dir, name), name, st
 

@@ -42,6 +42,25 @@ def file_signature(path):
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
+def content_digest(paths):
+    """A short digest of what the files at ``paths`` hold (missing ones count as missing).
+
+    Hashing a toolkit (cicc, ptxas, libnvrtc: 100-300 MB) takes a fraction of a second: it is done
+    when a compiler is probed, and the identity memo keeps the result while every file stats the same.
+    """
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(os.fsencode(os.path.basename(path)) + b"\0")
+        try:
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        except (OSError, IOError):
+            digest.update(b"\0missing")
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
 class CompilerIdentity(object):
     """Who produces an image: kind, the path discovery found, full version, and what it can emit.
 
@@ -65,12 +84,12 @@ class CompilerIdentity(object):
     """
 
     __slots__ = ("kind", "path", "version", "virtual_archs", "real_archs", "archs_reliable",
-                 "files", "system_dirs", "host", "sentinels", "_checks", "_absent")
+                 "files", "system_dirs", "host", "sentinels", "content", "_checks", "_absent")
     _FIELDS = ("kind", "path", "version", "virtual_archs", "real_archs", "archs_reliable",
-               "files", "system_dirs", "host", "sentinels")
+               "files", "system_dirs", "host", "sentinels", "content")
 
     def __init__(self, kind, path, version, virtual_archs, real_archs, archs_reliable,
-                 files=(), system_dirs=(), host="", sentinels=None):
+                 files=(), system_dirs=(), host="", sentinels=None, content=None):
         self.kind = kind
         self.path = path
         self.version = version
@@ -83,6 +102,9 @@ class CompilerIdentity(object):
         self._absent = tuple(p for p, sig in self.files[:self.sentinels] if sig is None)
         self.system_dirs = [str(d) for d in system_dirs]
         self.host = str(host or "")
+        # What the files that do the work hold: two installs of one version (an edited nvcc.profile,
+        # a replaced ptxas or NVRTC builtins library) are two toolkits.  Part of every request's key.
+        self.content = content_digest(p for p, _sig in self.files) if content is None else str(content)
 
     @property
     def producer(self):
@@ -122,13 +144,15 @@ class CompilerIdentity(object):
         """What a cache may keep of this identity: what it can emit and the host compiler's name
         and version (part of every key), and no path of this machine."""
         return {"kind": self.kind, "version": self.version, "virtual_archs": list(self.virtual_archs),
-                "real_archs": list(self.real_archs), "archs_reliable": self.archs_reliable, "host": self.host}
+                "real_archs": list(self.real_archs), "archs_reliable": self.archs_reliable, "host": self.host,
+                "toolkits": [self.content]}
 
     @classmethod
     def from_json(cls, data):
         return cls(data["kind"], data.get("path", ""), data["version"], data["virtual_archs"],
                    data["real_archs"], data["archs_reliable"], data.get("files", ()),
-                   data.get("system_dirs", ()), data.get("host", ""), data.get("sentinels"))
+                   data.get("system_dirs", ()), data.get("host", ""), data.get("sentinels"),
+                   data.get("content", ""))
 
     def __repr__(self):
         return "CompilerIdentity(%s at %s)" % (self.producer, self.path)
@@ -239,6 +263,15 @@ class Compiler(object):
         """A ready compiler for the tool discovery finds, its identity remembered in ``memo_dir``."""
         path = cls.locate(explicit)
         return cls(remembered_identity(cls.kind, path, cls.probe, memo_dir, cls.discovery_context()))
+
+    def answers_as_probed(self):
+        """Whether running the compiler's version probe now gives the identity probed
+        (``PTXBACKEND_COMPILER_CHECK=command``); a library loaded in-process has nothing to run."""
+        return True
+
+    def search_path(self, path_options, name, options):
+        """The directories a compile looks for headers in, in order (for the dependency set)."""
+        return list(path_options.include_dirs)
 
     def compile(self, source, options, target, name="kernel.cu", inputs=None):
         """Compile CUDA C++ ``source`` for ``target`` and return the image bytes.

@@ -8,65 +8,82 @@ import stat as stat_module
 from .._fsutil import read_regular
 
 
-def parse_depfile(text, base_dir):
-    """The prerequisites of a make rule as nvcc ``-MD -MF`` writes it, as absolute paths."""
-    joined = text.replace("\\\n", " ")
-    _target, _colon, rest = joined.partition(": ")
+def parse_depfile(text, base_dir, target=None, check_exists=True):
+    """The prerequisites of the make rule nvcc ``-MD -MF`` writes, as absolute paths.
+
+    nvcc 11.2 and 13.0 write their own format, not GCC's (tests/test_option_paths.py):
+    the target verbatim, `` : ``, then one prerequisite per line joined by
+    `` \\<newline>``; in a prerequisite a space is ``\\ `` and a newline ``\\n``,
+    every other character (tab, ``#``, ``$``, ``:``, ``%``, any byte) is
+    written as is, and a backslash is written as ``/``.  So ``$$`` is two
+    dollars here, not make's one.  ``text`` is str (read with
+    surrogateescape) or bytes.  ``target``, when known, is the ``-o`` path
+    and settles a target that holds `` : ``.
+
+    Raises ``ValueError`` when the list cannot be read exactly: it is cut
+    short, holds an escape nvcc does not write, the target cannot be told
+    apart, or (``check_exists``) a listed file does not exist, which is what
+    a name holding a backslash looks like once nvcc wrote it as ``/``.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogateescape")
+    if not text.endswith("\n"):
+        raise ValueError("nvcc's dependency list is cut short (no final newline)")
+    body = text[:-1]
+    if "\n" in body.replace("\\\n", ""):
+        raise ValueError("nvcc's dependency list holds more than one rule")
+    rest = body[_rule_separator(body, target):]
     found = []
-    for token in re.findall(r"(?:\\ |[^\s])+", rest):
-        path = token.replace("\\ ", " ").replace("$$", "$")
-        found.append(os.path.normpath(os.path.join(base_dir, path)))
+    for name in _prerequisites(rest):
+        path = os.path.normpath(os.path.join(base_dir, name))
+        if check_exists and not os.path.exists(path):
+            raise ValueError("nvcc lists %r, which does not exist: a file name holding a backslash "
+                             "(nvcc writes it as '/') or a file removed during the compile" % path)
+        found.append(path)
     return found
+
+
+def _rule_separator(body, target):
+    """Where the prerequisites start: after the target and its colon."""
+    first = body.split("\\\n", 1)[0]
+    if target is not None:
+        if not first.startswith(target):
+            raise ValueError("nvcc's dependency list is not for %r: %r" % (target, first[:200]))
+        match = re.compile(r"[ \t]*:(?: |$)").match(first, len(target))
+        if match is None:
+            raise ValueError("nvcc's dependency list has no ':' after its target: %r" % first[:200])
+        return match.end()
+    # A prerequisite writes its spaces as "\\ ", so only the target can hold ": ".
+    colons = [m.end() for m in re.finditer(r":(?: |$)", first)]
+    if len(colons) != 1:
+        raise ValueError("cannot tell the target from the files in nvcc's dependency list %r; "
+                         "pass the target" % first[:200])
+    return colons[0]
+
+
+def _prerequisites(rest):
+    names, current, index = [], [], 0
+    while index < len(rest):
+        ch = rest[index]
+        index += 1
+        if ch == "\\":
+            escaped = rest[index:index + 1]
+            index += 1
+            if escaped not in (" ", "n", "\n"):
+                raise ValueError("nvcc's dependency list holds an escape it does not write: %r"
+                                 % ("\\" + escaped))
+            if escaped != "\n":
+                current.append(" " if escaped == " " else "\n")
+                continue
+        elif ch != " ":
+            current.append(ch)
+            continue
+        if current:
+            names.append("".join(current))
+        current = []
+    if current:
+        names.append("".join(current))
+    return names
 
 
 _INCLUDE_RE = re.compile(br'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
-
-
-def scan_includes(source, include_dirs, pre_includes=(), source_dir=None):
-    """Every existing file that ``source`` may include, directly or through other headers.
-
-    Quoted includes are looked up beside the including file first (the main
-    source: ``source_dir``; ``os.curdir`` for NVRTC, which looks in the
-    working directory, and then the path found stays relative, so that a hit
-    checks the file of the directory it runs in), then in ``include_dirs`` in
-    order; angle includes in ``include_dirs`` only, as NVRTC does.  Conditional sections are not
-    evaluated, so this may list a header the compiler skips: an extra check,
-    never a missed one.  Names found nowhere (NVRTC's built-in headers) are
-    not files and are left out.  Raises :class:`NotARegularFile` for an
-    include that resolves to a FIFO or device.
-    """
-    if not isinstance(source, bytes):
-        source = source.encode("utf-8")
-    found = []
-    seen = set()
-    pending = [(source, source_dir)]
-    for path in pre_includes:
-        pending.append((None, path))
-    while pending:
-        text, where = pending.pop()
-        if text is None:  # a pre-included file, named by path
-            if where in seen or not os.path.exists(where):
-                continue
-            seen.add(where)
-            found.append(where)
-            text, where = read_regular(where)[0], os.path.dirname(where)
-        for quote, name in _INCLUDE_RE.findall(text):
-            name = name.decode("utf-8", "surrogateescape").strip()
-            candidates = [name] if os.path.isabs(name) else (
-                ([where] if quote == b'"' and where else []) + list(include_dirs))
-            for directory in candidates:
-                path = os.path.normpath(name if os.path.isabs(name) else os.path.join(directory, name))
-                try:
-                    st = os.stat(path)
-                except OSError as exc:
-                    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                        continue
-                    raise
-                if stat_module.S_ISDIR(st.st_mode):
-                    continue
-                if path not in seen:
-                    seen.add(path)
-                    found.append(path)
-                    pending.append((read_regular(path)[0], os.path.dirname(path) or os.curdir))
-                break
-    return found

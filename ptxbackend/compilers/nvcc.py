@@ -9,10 +9,11 @@ import tempfile
 
 from ..config import NVCC_ENVIRONMENT
 from ..errors import CompileError, CompilerNotFoundError
-from .base import (Compiler, CompilerIdentity, archs_from_table, file_signature, remembered_identity,
-                   unknown_arch_hint)
-from .includes import parse_depfile, scan_includes
+from .base import (Compiler, CompilerIdentity, archs_from_table, content_digest, file_signature,
+                   remembered_identity, unknown_arch_hint)
+from .includes import parse_depfile
 from .options import read_path_options
+from .reads import UNKNOWN_READS, environment_include_dirs, scan_includes
 
 NVCC_ENV = "PTXBACKEND_NVCC"
 
@@ -153,9 +154,12 @@ def probe_host(path):
                 dirs.append(os.path.normpath(line.strip()))
     except (OSError, subprocess.TimeoutExpired):
         pass
+    # The name, the version and what the file holds: a link retargeted or a wrapper script edited
+    # is another host compiler even where both report one version.
     return CompilerIdentity("host", path, version or "unknown", (), (), False,
                             files=[[path, file_signature(path)]], system_dirs=dirs,
-                            host="%s %s" % (os.path.basename(path), version or "unknown"))
+                            host="%s %s %s" % (os.path.basename(path), version or "unknown",
+                                               content_digest([path])[:12]))
 
 
 def _resolve_host(name, search_path):
@@ -191,6 +195,7 @@ def probe_nvcc(path):
     # process and before every compile.
     workers = [path, os.path.join(here, "nvcc")]
     rest = [os.path.join(here, "nvcc.profile"), cicc, os.path.join(here, "ptxas"),
+            os.path.join(here, "cudafe++"), os.path.join(here, "fatbinary"),
             os.path.join(libdevice, "libdevice.10.bc")]
     system_dirs = [os.path.join(top, "include")] + _quoted_dirs(facts.get("INCLUDES")) \
         + _quoted_dirs(facts.get("SYSTEM_INCLUDES"))
@@ -292,6 +297,25 @@ class NvccCompiler(Compiler):
             self._hosts[ccbin] = found
         return found
 
+    def answers_as_probed(self):
+        try:
+            code, out = _run([self.identity.path, "--version"], timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        match = _VERSION_RE.search(out)
+        if code != 0 or not match or match.group(3) != self.identity.version:
+            return False
+        host = _dryrun_facts(self.identity.path)[1]
+        if not host:
+            return not self.identity.host
+        search_path = os.environ.get("PATH")
+        return probe_host(_resolve_host(host, search_path)).host == self.identity.host
+
+    def search_path(self, path_options, name, options):
+        # nvcc's own directory for quoted includes is a private temporary one: nothing to find there.
+        return (path_options.include_dirs + path_options.system_dirs + environment_include_dirs()
+                + list(self.identity.system_dirs))
+
     def command(self, target, options, source_name, output_name):
         """The argument list nvcc is run with (no shell is involved)."""
         return ([self.identity.path, _OUTPUT_FLAG[target.output_kind]] + _arch_flags(target)
@@ -306,7 +330,7 @@ class NvccCompiler(Compiler):
                                command=[str(o).replace("\0", "\\0") for o in options])
         paths = read_path_options(options)
         # Never hand nvcc an include that is a FIFO or device: it would wait on it forever.
-        scan_includes(source, paths.include_dirs + paths.system_dirs, paths.pre_includes)
+        scan_includes(source, paths.include_dirs + paths.system_dirs, paths.resolve_pre_includes())
         workdir = tempfile.mkdtemp(prefix="ptxbackend-nvcc-")
         try:
             source_path = os.path.join(workdir, name)
@@ -331,22 +355,28 @@ class NvccCompiler(Compiler):
                     command=cmd, returncode=code, log=log,
                     hint=unknown_arch_hint(log, self.identity))
             if inputs is not None:
-                inputs.extend(_read_depfile(depfile, workdir))
+                inputs.extend(_read_depfile(depfile, workdir, output_path))
             with open(output_path, "rb") as handle:
                 return handle.read()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _read_depfile(depfile, workdir):
+def _read_depfile(depfile, workdir, output_path):
     try:
-        with open(depfile, "r", encoding="utf-8", errors="surrogateescape") as handle:
-            text = handle.read()
+        with open(depfile, "rb") as handle:
+            data = handle.read()
     except OSError as exc:
         raise CompileError("nvcc did not write the list of files it read (%s): the cache cannot tell "
                            "when its headers change" % exc)
+    try:
+        paths = parse_depfile(data, workdir, target=output_path)
+    except ValueError as exc:
+        # nvcc writes a backslash in a path as '/': such a list cannot be trusted.  The image is
+        # right; it is just not cached.
+        return [UNKNOWN_READS + str(exc)]
     inside = workdir.rstrip(os.sep) + os.sep
-    return [path for path in parse_depfile(text, workdir) if not path.startswith(inside)]
+    return [path for path in paths if not path.startswith(inside)]
 
 
 def nvcc_compiler(path=None, memo_dir=None):

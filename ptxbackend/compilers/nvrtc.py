@@ -15,8 +15,8 @@ import threading
 
 from ..errors import CompileError, CompilerNotFoundError
 from .base import Compiler, CompilerIdentity, archs_from_table, file_signature, unknown_arch_hint
-from .includes import scan_includes
 from .options import read_path_options
+from .reads import OpenedFiles, nvrtc_search_path, scan_includes, watched_directories
 
 __all__ = ["NVRTC_ENV", "find_nvrtc", "probe_nvrtc", "NvrtcCompiler", "nvrtc_compiler"]
 
@@ -148,7 +148,12 @@ def _fingerprint(path):
 
 def _work_files(path):
     """The library as found (the sentinel: a stat of it follows any link), the file behind it, and
-    the builtins library beside it (updated with it)."""
+    the builtins library it will load.
+
+    NVRTC loads ``libnvrtc-builtins.so.X.Y`` by name, so the dynamic loader looks in
+    ``LD_LIBRARY_PATH`` before the library's own directory (its RUNPATH): a builtins library there
+    is the one that compiles.
+    """
     real = os.path.realpath(path)
     files = [path] if real == path else [path, real]
     directory = os.path.dirname(real)
@@ -156,7 +161,12 @@ def _work_files(path):
         names = sorted(n for n in os.listdir(directory) if _is_builtins(n))
     except OSError:
         names = []
-    files += [os.path.join(directory, n) for n in names]
+    searched = [d for d in (os.environ.get("LD_LIBRARY_PATH") or "").split(os.pathsep) if d] + [directory]
+    for name in names:
+        for where in searched:
+            if os.path.isfile(os.path.join(where, name)):
+                files.append(os.path.join(where, name))
+                break
     return [[f, file_signature(f)] for f in files]
 
 
@@ -205,12 +215,12 @@ def _as_bytes(value, what):
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
-        return value.encode("utf-8")
+        return value.encode("utf-8", "surrogateescape")  # a path that is not UTF-8 keeps its bytes
     raise TypeError("%s must be str or bytes, not %s" % (what, type(value).__name__))
 
 
 def _as_text(value):
-    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else value.decode("utf-8", "surrogateescape")
 
 
 def _failure_hint(result, log, identity):
@@ -239,6 +249,17 @@ def _failure_hint(result, log, identity):
 
 
 _uselocale = []
+
+
+class _Nothing(object):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+_nothing = _Nothing()
 
 
 class _thread_locale_kept(object):
@@ -291,6 +312,11 @@ class NvrtcCompiler(Compiler):
     def probe(cls, path):
         return probe_nvrtc(path)
 
+    @classmethod
+    def discovery_context(cls):
+        # Which builtins library NVRTC loads depends on it (see _work_files).
+        return os.environ.get("LD_LIBRARY_PATH") or ""
+
     def _lib(self):
         library = self._library
         if library is None:
@@ -342,11 +368,26 @@ class NvrtcCompiler(Compiler):
             raise CompileError("the source, its name or an option contains a NUL character, which "
                                "NVRTC would treat as the end of the text", command=command)
 
+        opened = scanned = None
         if inputs is not None:
-            # NVRTC cannot list what it read: resolve the #include lines as it does.
+            # NVRTC cannot list what it read: the kernel records what it opens (reads.py).  The scan
+            # first keeps a FIFO on the include path from blocking this process for ever.
             paths = read_path_options(command[1:])
-            # NVRTC finds a quoted include of the program in the working directory first.
-            inputs.extend(scan_includes(source_bytes, paths.include_dirs, paths.pre_includes, os.curdir))
+            search = nvrtc_search_path(paths.include_dirs, _as_text(name_bytes), command)
+            pre_includes = paths.resolve_pre_includes()
+            scanned = scan_includes(source_bytes, paths.include_dirs, pre_includes,
+                                    None if len(search) == len(paths.include_dirs) else search[0])
+            opened = OpenedFiles(watched_directories(
+                search + [os.path.dirname(p) for p in pre_includes], scanned))
+        image = self._compile_program(source_bytes, name, name_bytes, encoded, command, arch, kind, opened)
+        if inputs is not None:
+            inputs.extend(opened.paths if opened.paths is not None else scanned)
+        return image
+
+    def search_path(self, path_options, name, options):
+        return nvrtc_search_path(path_options.include_dirs, name, options)
+
+    def _compile_program(self, source_bytes, name, name_bytes, encoded, command, arch, kind, opened):
         library = self._lib()
         program = ctypes.c_void_p()
         result = library.nvrtcCreateProgram(ctypes.byref(program), source_bytes, name_bytes,
@@ -357,7 +398,7 @@ class NvrtcCompiler(Compiler):
                                command=command, returncode=result)
         try:
             array = (ctypes.c_char_p * len(encoded))(*encoded)
-            with _thread_locale_kept():
+            with _thread_locale_kept(), (opened or _nothing):
                 result = library.nvrtcCompileProgram(program, len(encoded), array)
             if result != _SUCCESS:
                 log = self._log(library, program)

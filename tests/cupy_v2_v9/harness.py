@@ -156,7 +156,7 @@ class Harness(object):
         census = {}
         for path in glob.glob(os.path.join(root, "v*", "*", "*", "*", "*.*")):
             producer, target = path.split(os.sep)[-4:-2]
-            if producer not in ("locks", "meta", "sysdeps") and os.path.isfile(path):
+            if producer not in ("locks", "meta", "depsets") and os.path.isfile(path):
                 key = "%s/%s/%s" % (producer, target, path.rsplit(".", 1)[1])
                 census[key] = census.get(key, 0) + 1
         jit = glob.glob(os.path.join(root, "v*", "*", "*", "jit", "*", "*", "*.cubin"))

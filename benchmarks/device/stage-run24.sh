@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs HERE, on the CPU machine, from the repository root: stages .device/run24 (git-ignored) for
+# cupy14-ab.sh: the platformdirs and filelock wheels the old trees need (the H200 has no network) and
+# the two old ptxbackend trees as git archives.
+#   PB020: 0.2.0 (dc44526).  PB030: 0.3.0 as docs/benchmarks.md measured it ("the final 0.3.0 code",
+#   cfbb8a0); the version string stayed 0.3.0 after it, so later commits are "0.3.0" too.
+set -euo pipefail
+D=.device/run24
+PB020=${PB020:-dc44526}
+PB030=${PB030:-cfbb8a0}
+mkdir -p "$D"
+rm -f "$D"/*.whl
+${PYTHON:-python3} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux2014_x86_64 --platform any -d "$D" platformdirs==4.3.6 filelock==3.16.1
+git archive -o "$D/pb020.tar" "$PB020"
+git archive -o "$D/pb030.tar" "$PB030"
+git check-ignore -q "$D" || echo "warning: $D is not git-ignored: it would travel as untracked files" >&2
+ls -l "$D"

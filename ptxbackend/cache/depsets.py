@@ -1,0 +1,502 @@
+"""Dependency sets: what a compile read and where it searched, kept once, checked once per process.
+
+The contract, all the engine needs:
+
+- :func:`build` (on a miss): the files the compiler read and the directories it
+  searched become one set, JSON bytes named by their SHA-256 (its *digest*).
+  Entries name their set by digest; kernels that read the same headers (every
+  CuPy kernel) share one set, kept once in the cache, bundles and the fleet.
+- :func:`fresh` (on a hit): whether a set still describes what the compiler
+  would read today.  A set is checked at most once per process, then watched
+  (inotify on its directories; see :mod:`ptxbackend._inotify`) and checked
+  again only after something there changed.  Where nothing can watch it (no
+  inotify, a network file system, a watch limit reached) it is checked again
+  after ``recheck_seconds`` (``PTXBACKEND_DEPS_RECHECK``, default 0: every hit).
+
+A set records:
+
+- ``files``: ``[path, size, mtime_ns, ctime_ns, ino, dev, sha256, trusted, system]``
+  per file read.  The stat is the fast path; the content hash decides whenever
+  the stat differs or cannot be trusted (changed within ``RACY_SECONDS`` of the
+  compile, or dated in the future), because ``cp -p``, ``tar -x`` and
+  ``git checkout`` restore an old mtime.  ``system`` marks the toolkit's and
+  host compiler's own headers, which a machine without the compiler skips.
+- ``absent``: ``[directory, mtime_ns, ino, dev, trusted, [names]]``: names that
+  must not appear in a directory, because the compiler looked for them there
+  before finding the header elsewhere (or not at all): for each ``#include``
+  and ``__has_include`` of every text read, each place earlier in its search
+  order than where it was found; for each file read, the same name in every
+  search directory before its own (which covers computed includes).  The name
+  is the first missing component below the deepest existing directory.  An
+  unchanged directory stat answers at once; a changed one is answered by
+  looking each name up, so unrelated files added there cost nothing.
+- ``date``: present when a text read uses ``__DATE__``; valid on that day only.
+  A compile whose texts use ``__TIME__`` or ``__TIMESTAMP__`` is never cached
+  (``build`` says ``volatile``), as ccache does.
+"""
+
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+
+from .._fsutil import NotARegularFile, read_regular
+from .. import _inotify
+from ..compilers.reads import UNKNOWN_READS
+
+RACY_SECONDS = 2.0
+CHANGED_DURING_COMPILE = "changed-during-compile"
+#: seconds between checks of a set nothing watches (``PTXBACKEND_DEPS_RECHECK``)
+recheck_seconds = 0.0
+_NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "gpfs", "afs",
+               "beegfs", "virtiofs", "fuse")
+_HAS_INCLUDE = re.compile(br'__has_include(?:_next)?\s*\(\s*([<"])([^>"\r\n]+)[>"]\s*\)')
+_WATCHED = -1.0
+
+_stat = os.stat  # one name for the check's stat, so a test can give it a coarse file system's times
+_lock = threading.Lock()
+_known_hashes = {}  # path -> (signature, sha256) this process hashed and could trust
+_sets = {}          # digest -> _Parsed
+_valid = {}         # (digest, complete) -> time checked, or _WATCHED
+_owner = [None]     # the process whose checks _valid holds (a forked child starts afresh)
+_watcher = []       # [ChangeWatcher or None, pid]: this process's watcher, tried once
+_mounts = []        # [(mount point, fs type)] longest first, read once
+_LIMIT = 8192
+
+
+class Built(object):
+    """What :func:`build` made: the set's bytes and digest (``None`` when nothing was read), and
+    whether the output may be cached at all."""
+
+    __slots__ = ("blob", "digest", "volatile")
+
+    def __init__(self, blob, digest, volatile):
+        self.blob, self.digest, self.volatile = blob, digest, volatile
+
+    @property
+    def section(self):
+        """What an entry stores to name this set."""
+        return self.digest.encode("ascii") if self.digest else b""
+
+
+# -- building ------------------------------------------------------------------------------------
+def build(paths, search_dirs, system_dirs, user_dirs, source, started=None):
+    """The set for a compile that read ``paths`` looking in ``search_dirs`` (in order).
+
+    ``system_dirs`` are the toolkit's and host compiler's own directories;
+    ``user_dirs`` the ones the request named (a header under both is the
+    user's).  ``source`` is the main text; ``started`` when the compile began.
+    Raises :class:`NotARegularFile` for a read path that is a FIFO or device.
+    """
+    now = time.time()
+    started = now if started is None else started
+    if any(path.startswith(UNKNOWN_READS) for path in paths):
+        return Built(None, None, True)  # what the compiler read cannot be told: never served
+    unique = []
+    for path in paths:
+        path = os.path.normpath(path)
+        if path not in unique:
+            unique.append(path)
+    system = set(split_system(unique, system_dirs, user_dirs)[1])
+    texts = [source if isinstance(source, bytes) else source.encode("utf-8", "surrogateescape")]
+    files = []
+    for path in unique:
+        data, st = read_regular(path)
+        texts.append(data)
+        files.append(_file_record(path, data, st, started, now) + [path in system])
+    volatile = any(b"__TIME__" in text or b"__TIMESTAMP__" in text for text in texts)
+    absent, present = _absent_names(unique, search_dirs, texts)
+    body = {"files": sorted(files),
+            "absent": [_dir_record(d, started) + [sorted(names)] for d, names in sorted(absent.items())]}
+    if present:
+        body["present"] = sorted(present)
+    if any(b"__DATE__" in text for text in texts):
+        body["date"] = today()
+    if not files and not absent and not present and not body.get("date"):
+        return Built(None, None, volatile)
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
+    return Built(blob, hashlib.sha256(blob).hexdigest(), volatile)
+
+
+def today():
+    """``__DATE__`` as the compiler would write it now (``SOURCE_DATE_EPOCH`` honoured, as nvcc does)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    try:
+        moment = time.gmtime(int(epoch)) if epoch else time.localtime()
+    except ValueError:
+        moment = time.localtime()
+    return time.strftime("%b %d %Y", moment)
+
+
+def _file_record(path, data, st, started, now):
+    digest = hashlib.sha256(data).hexdigest()
+    started_ns, now_ns = int(started * 1e9), int(now * 1e9)
+    for changed in (st.st_mtime_ns, st.st_ctime_ns):
+        # A file system with whole-second times stamps a change made during the compile with a time
+        # before its start: compare in whole seconds there.
+        limit = (started_ns // 1000000000) * 1000000000 if changed % 1000000000 == 0 else started_ns
+        if limit <= changed <= now_ns + 1000000000:
+            # Changed while the compiler ran: the bytes here may not be the ones it read (ccache's
+            # "include file too new"), so nothing will match and the next request compiles again.
+            digest = CHANGED_DURING_COMPILE
+    # A file changed shortly before, or dated in the future, is compared by content whenever checked.
+    trusted = digest != CHANGED_DURING_COMPILE and _trustworthy(st, started)
+    if trusted:
+        _remember(path, _signature(st), digest)
+    return [path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, digest, trusted]
+
+
+def _dir_record(path, started):
+    st = _stat(path)
+    return [path, st.st_mtime_ns, st.st_ino, st.st_dev, _trustworthy(st, started)]
+
+
+_INCLUDES = re.compile(br'^[ \t]*#[ \t]*include(?:_next)?[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
+
+
+def _absent_names(paths, search_dirs, texts):
+    """``({directory: set of names} that must stay absent, {paths that must stay})`` (see the
+    module's docstring)."""
+    search = [os.path.normpath(d) for d in search_dirs]
+    absent, present = {}, set()
+    probed = set()
+
+    def probe(name, order, answer=False):
+        """Look ``name`` up along ``order`` as the compiler does; each miss before the hit is kept, and
+        the hit itself where the compiler only asked whether it exists (``__has_include``)."""
+        if (name, order, answer) in probed or os.path.isabs(name):
+            return
+        probed.add((name, order, answer))
+        for directory in order:
+            candidate = os.path.normpath(os.path.join(directory, name))
+            if os.path.exists(candidate):
+                if answer:
+                    present.add(candidate)
+                return
+            holder, missing = _first_missing(candidate)
+            if holder is not None:
+                absent.setdefault(holder, set()).add(missing)
+    whole = tuple(search)
+    for path in paths:
+        for index, directory in enumerate(search):
+            if _under(path, directory):
+                probe(os.path.relpath(path, directory), whole[:index])
+                break
+    for path, text in zip([None] + list(paths), texts):
+        here = (os.path.dirname(path) or os.curdir,) if path else ()
+        for quote, name in _INCLUDES.findall(text):
+            probe(name.decode("utf-8", "surrogateescape").strip(), (here if quote == b'"' else ()) + whole)
+        for quote, name in _HAS_INCLUDE.findall(text):
+            probe(name.decode("utf-8", "surrogateescape").strip(), (here if quote == b'"' else ()) + whole, True)
+    return absent, present
+
+
+def _first_missing(path):
+    """``(deepest existing directory above path, the first missing name below it)``; ``(None, None)``
+    when something in the way is not a directory (nothing can appear there without a change
+    to a file the set already names, or the directory a file is in)."""
+    missing = os.path.basename(path)
+    parent = os.path.dirname(path) or os.curdir
+    while not os.path.isdir(parent):
+        if os.path.lexists(parent) or parent in (os.sep, os.curdir, ""):
+            return None, None
+        missing = os.path.basename(parent)
+        parent = os.path.dirname(parent) or os.curdir
+    return parent, missing
+
+
+def well_formed(body):
+    """Whether a decoded set has the shape :func:`build` writes (bundles and the fleet bring others')."""
+    def ints(values):
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    if not isinstance(body, dict) or not set(body) <= {"files", "absent", "present", "date"}:
+        return False
+    present = body.get("present", [])
+    if not isinstance(present, list) or not all(isinstance(p, str) for p in present):
+        return False
+    files, absent = body.get("files"), body.get("absent")
+    if not isinstance(files, list) or not isinstance(absent, list):
+        return False
+    for item in files:
+        if not (isinstance(item, list) and len(item) == 9 and isinstance(item[0], str) and ints(item[1:6])
+                and isinstance(item[6], str) and isinstance(item[7], bool) and isinstance(item[8], bool)):
+            return False
+    for item in absent:
+        if not (isinstance(item, list) and len(item) == 6 and isinstance(item[0], str) and ints(item[1:4])
+                and isinstance(item[4], bool) and isinstance(item[5], list)
+                and all(isinstance(n, str) and n and "/" not in n for n in item[5])):
+            return False
+    return isinstance(body.get("date", ""), str)
+
+
+# -- checking ------------------------------------------------------------------------------------
+class _Parsed(object):
+    __slots__ = ("files", "absent", "present", "date", "watch", "absolute")
+
+    def __init__(self, body):
+        self.files = [tuple(item) for item in body["files"]]
+        self.absent = [tuple(item[:5]) + (tuple(item[5]),) for item in body["absent"]]
+        self.present = body.get("present", ())
+        self.date = body.get("date")
+        watch = set(item[0] for item in self.absent)
+        watch.update(os.path.dirname(path) or os.curdir for path in self.present)
+        watch.update(os.path.dirname(item[0]) or os.curdir for item in self.files)
+        self.watch = sorted(watch)
+        # A relative path is looked up in whatever the working directory is at the time (NVRTC's
+        # quoted includes): a watch would stay on the directory it was made in.
+        self.absolute = all(os.path.isabs(d) for d in self.watch)
+
+
+def fresh(section, load, complete=True, missing_ok=False):
+    """Whether the set an entry names (``section``: its digest as bytes) still holds.
+
+    ``load(digest)`` returns the set's bytes (checked here against the digest)
+    or ``None``.  ``complete=False`` is for a machine without the compiler:
+    the toolkit's own files and the search directories are not checked, and
+    with ``missing_ok`` a file the set names that does not exist here is
+    accepted (a bundle from a build box); a file that exists must match.
+    """
+    if not section:
+        return True
+    if _owner[0] != os.getpid() or _watcher_saw_changes():
+        with _lock:
+            _valid.clear()
+            _owner[0] = os.getpid()
+    marker = (section, complete)
+    when = _valid.get(marker)
+    if when is not None and (when == _WATCHED or time.time() - when < recheck_seconds):
+        return True
+    parsed = _parse(section, load)
+    if parsed is None:
+        return False
+    # Watch before checking, so that a change between the two is heard.
+    watched = complete and parsed.date is None and parsed.absolute and _watch(parsed.watch)
+    if not _check(parsed, complete, missing_ok):
+        return False
+    with _lock:
+        if len(_valid) >= _LIMIT:
+            _valid.clear()
+        _valid[marker] = _WATCHED if watched else time.time()
+    return True
+
+
+def _parse(section, load):
+    parsed = _sets.get(section)
+    if parsed is not None:
+        return parsed
+    digest = section.decode("ascii", "replace")
+    blob = load(digest) if len(digest) == 64 else None
+    if blob is None or hashlib.sha256(blob).hexdigest() != digest:
+        return None
+    try:
+        body = json.loads(blob.decode("ascii"))
+    except ValueError:
+        return None
+    if not well_formed(body):
+        return None
+    parsed = _Parsed(body)
+    with _lock:
+        if len(_sets) >= _LIMIT:
+            _sets.clear()
+        _sets[section] = parsed
+    return parsed
+
+
+def _check(parsed, complete, missing_ok):
+    if parsed.date is not None and parsed.date != today():
+        return False
+    for item in parsed.files:
+        if not complete and item[8]:
+            continue
+        if not _file_unchanged(item, missing_ok):
+            return False
+    if complete:
+        for item in parsed.absent:
+            if not _still_absent(item):
+                return False
+        for path in parsed.present:
+            if not os.path.exists(path):
+                return False
+    return True
+
+
+def _signature(st):
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def _trustworthy(st, now):
+    return now - max(st.st_mtime, st.st_ctime) > RACY_SECONDS
+
+
+def _remember(path, signature, digest):
+    with _lock:
+        if len(_known_hashes) >= _LIMIT:
+            _known_hashes.clear()
+        _known_hashes[path] = (signature, digest)
+
+
+def _file_unchanged(item, missing_ok):
+    path, size, mtime_ns, ctime_ns, ino, dev, digest, trusted = item[:8]
+    try:
+        st = _stat(path)
+    except OSError:
+        return missing_ok
+    if trusted and st.st_mtime_ns == mtime_ns and st.st_ctime_ns == ctime_ns and st.st_ino == ino \
+            and st.st_size == size and st.st_dev == dev:
+        return True
+    signature = _signature(st)
+    known = _known_hashes.get(path)
+    if known is not None and known[0] == signature:
+        return known[1] == digest
+    try:
+        data, st = read_regular(path)
+    except NotARegularFile:
+        return False
+    except OSError:
+        return missing_ok
+    now_digest = hashlib.sha256(data).hexdigest()
+    if _trustworthy(st, time.time()):
+        _remember(path, _signature(st), now_digest)
+    return now_digest == digest
+
+
+def _still_absent(item):
+    directory, mtime_ns, ino, dev, trusted, names = item
+    try:
+        st = _stat(directory)
+    except OSError:
+        return False
+    if trusted and st.st_mtime_ns == mtime_ns and st.st_ino == ino and st.st_dev == dev:
+        return True  # no name in it was added, removed or renamed since
+    for name in names:
+        if os.path.lexists(os.path.join(directory, name)):
+            return False
+    return True
+
+
+# -- watching ------------------------------------------------------------------------------------
+def _this_process_watcher():
+    """The watcher of this process, made on first use (a forked child makes its own)."""
+    pid = os.getpid()
+    if not _watcher or _watcher[1] != pid:
+        with _lock:
+            del _watcher[:]
+            _watcher.extend([_inotify.ChangeWatcher.open(), pid])
+    return _watcher[0]
+
+
+def _watcher_saw_changes():
+    watcher = _watcher[0] if _watcher and _watcher[1] == os.getpid() else None
+    return watcher is not None and watcher.changed()
+
+
+def _watch(directories):
+    """Watch ``directories`` (and the parents of any link on their way); ``False`` where that cannot
+    be relied on: no inotify, a watch refused, or a network file system (inotify does not hear
+    other machines' writes)."""
+    watcher = _this_process_watcher()
+    if watcher is None:
+        return False
+    directories = list(directories) + _link_parents(directories)
+    if any(_on_network_fs(d) for d in directories):
+        return False
+    return watcher.watch(directories)
+
+
+_link_parent_memo = {}
+_network_fs_memo = {}
+
+
+def _link_parents(directories):
+    """The directories holding a symbolic link on the way to any of ``directories``: retargeting the
+    link is a change there."""
+    found = []
+    for directory in directories:
+        current = os.path.abspath(directory)
+        while True:
+            parent = os.path.dirname(current)
+            if parent == current:
+                break
+            is_link = _link_parent_memo.get(current)
+            if is_link is None:
+                is_link = _link_parent_memo[current] = os.path.islink(current)
+            if is_link and parent not in found:
+                found.append(parent)
+            current = parent
+    return found
+
+
+def _on_network_fs(path):
+    found = _network_fs_memo.get(path)
+    if found is None:
+        found = _network_fs_memo[path] = _mount_type(path).split(".")[0] in _NETWORK_FS
+    return found
+
+
+def _mount_type(path):
+    if not _mounts:
+        mounts = []
+        try:
+            with open("/proc/self/mountinfo", "rb") as handle:
+                for line in handle:
+                    fields = line.split()
+                    if b"-" in fields:
+                        point = fields[4].decode("utf-8", "surrogateescape").replace("\\040", " ")
+                        mounts.append((point, fields[fields.index(b"-") + 1].decode("ascii", "replace")))
+        except (OSError, IndexError):
+            pass
+        mounts.sort(key=lambda m: len(m[0]), reverse=True)
+        _mounts.append(mounts)
+    absolute = os.path.realpath(path)
+    for point, fstype in _mounts[0]:
+        if _under(absolute, point):
+            return fstype
+    return ""
+
+
+def forget():
+    """Drop what this process remembers (tests; after a toolkit's headers changed in place)."""
+    with _lock:
+        _known_hashes.clear()
+        _sets.clear()
+        _valid.clear()
+        _link_parent_memo.clear()
+        _network_fs_memo.clear()
+
+
+# -- whose headers -------------------------------------------------------------------------------
+def split_system(paths, system_dirs, user_dirs):
+    """``(user, system)`` lists: a path is the system's when it lies under a system directory
+    and under none that the request named itself (``-I``, ``-isystem``, CPATH ...).
+
+    Paths are compared as spelt and with links resolved, both sides: a toolkit reached through a
+    link (``/usr/local/cuda``) or installed as a tree of links is still the toolkit.
+    """
+    system_dirs = _both_forms(system_dirs)
+    user_dirs = _both_forms(user_dirs)
+    user, system = [], []
+    for path in paths:
+        forms = (os.path.abspath(path), os.path.realpath(path))
+        if any(_under(f, d) for f in forms for d in system_dirs) \
+                and not any(_under(f, d) for f in forms for d in user_dirs):
+            system.append(path)
+        else:
+            user.append(path)
+    return user, system
+
+
+def _both_forms(dirs):
+    found = []
+    for directory in dirs:
+        for form in (os.path.abspath(directory), os.path.realpath(directory)):
+            if form not in found:
+                found.append(form)
+    return found
+
+
+def _under(path, directory):
+    if directory == os.curdir:
+        return not os.path.isabs(path)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
