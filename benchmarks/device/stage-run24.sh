@@ -2,12 +2,12 @@
 # Runs HERE, on the CPU machine, from the repository root: stages .device/run24 (git-ignored) for
 # cupy14-ab.sh: the platformdirs and filelock wheels the old trees need (the H200 has no network) and
 # the two old ptxbackend trees as git archives.
-#   PB020: 0.2.0 (dc44526).  PB030: 0.3.0 as docs/benchmarks.md measured it ("the final 0.3.0 code",
-#   cfbb8a0); the version string stayed 0.3.0 after it, so later commits are "0.3.0" too.
+#   PB020: 0.2.0 (dc44526).  PB030: 0.3.0 as last landed before issue 24 (91c624a; the version string
+#   stayed 0.3.0 from 765f55a on).
 set -euo pipefail
 D=.device/run24
 PB020=${PB020:-dc44526}
-PB030=${PB030:-cfbb8a0}
+PB030=${PB030:-91c624a}
 mkdir -p "$D"
 rm -f "$D"/*.whl
 ${PYTHON:-python3} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
