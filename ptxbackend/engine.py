@@ -132,7 +132,8 @@ def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, e
     image = comp.compile(source, request.options, chosen, name, inputs)
     search = comp.search_path(request.path_options, name, request.options) + list(extra_system)
     built = depsets.build(inputs, search, list(comp.identity.system_dirs) + list(extra_system),
-                          request.path_options.named_dirs + environment_include_dirs(), source, started)
+                          request.path_options.named_dirs + environment_include_dirs(), source, started,
+                          comp.source_directory(name, request.options))
     producer = comp.identity.producer
     artifact = Artifact(image, chosen.output_kind, chosen, producer, key, entry, False, reason, cc, store)
     artifact.deps = built.section

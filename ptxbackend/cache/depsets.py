@@ -82,12 +82,13 @@ class Built(object):
 
 
 # -- building ------------------------------------------------------------------------------------
-def build(paths, search_dirs, system_dirs, user_dirs, source, started=None):
+def build(paths, search_dirs, system_dirs, user_dirs, source, started=None, source_dir=None):
     """The set for a compile that read ``paths`` looking in ``search_dirs`` (in order).
 
     ``system_dirs`` are the toolkit's and host compiler's own directories;
     ``user_dirs`` the ones the request named (a header under both is the
-    user's).  ``source`` is the main text; ``started`` when the compile began.
+    user's).  ``source`` is the main text, whose quoted includes are looked
+    for in ``source_dir`` first; ``started`` is when the compile began.
     Raises :class:`NotARegularFile` for a read path that is a FIFO or device.
     """
     now = time.time()
@@ -100,24 +101,54 @@ def build(paths, search_dirs, system_dirs, user_dirs, source, started=None):
         if path not in unique:
             unique.append(path)
     system = set(split_system(unique, system_dirs, user_dirs)[1])
-    texts = [source if isinstance(source, bytes) else source.encode("utf-8", "surrogateescape")]
-    files = []
+    files, facts = [], [_facts_of(source if isinstance(source, bytes)
+                                  else source.encode("utf-8", "surrogateescape"))]
     for path in unique:
-        data, st = read_regular(path)
-        texts.append(data)
-        files.append(_file_record(path, data, st, started, now) + [path in system])
-    volatile = any(b"__TIME__" in text or b"__TIMESTAMP__" in text for text in texts)
-    absent, present = _absent_names(unique, search_dirs, texts)
+        record, found = _file_record(path, started, now)
+        files.append(record + [path in system])
+        facts.append(found)
+    volatile = any(f.volatile for f in facts)
+    absent, present = _absent_names(unique, [r[6] for r in files], search_dirs, facts, source_dir)
     body = {"files": sorted(files),
             "absent": [_dir_record(d, started) + [sorted(names)] for d, names in sorted(absent.items())]}
     if present:
         body["present"] = sorted(present)
-    if any(b"__DATE__" in text for text in texts):
+    if any(f.dated for f in facts):
         body["date"] = today()
     if not files and not absent and not present and not body.get("date"):
         return Built(None, None, volatile)
     blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
     return Built(blob, hashlib.sha256(blob).hexdigest(), volatile)
+
+
+class _Facts(object):
+    """What the set needs from a text: its ``#include`` and ``__has_include`` names, and whether it
+    uses the clock.  Kept per content digest: every CuPy kernel reads the same headers."""
+
+    __slots__ = ("includes", "has_includes", "volatile", "dated")
+
+    def __init__(self, text):
+        self.includes = tuple((quote == b'"', name.decode("utf-8", "surrogateescape").strip())
+                              for quote, name in _INCLUDES.findall(text))
+        self.has_includes = tuple((quote == b'"', name.decode("utf-8", "surrogateescape").strip())
+                                  for quote, name in _HAS_INCLUDE.findall(text))
+        self.volatile = b"__TIME__" in text or b"__TIMESTAMP__" in text
+        self.dated = b"__DATE__" in text
+
+
+_facts_memo = {}
+
+
+def _facts_of(text, digest=None):
+    found = _facts_memo.get(digest) if digest else None
+    if found is None:
+        found = _Facts(text)
+        if digest:
+            with _lock:
+                if len(_facts_memo) >= _LIMIT:
+                    _facts_memo.clear()
+                _facts_memo[digest] = found
+    return found
 
 
 def today():
@@ -130,8 +161,18 @@ def today():
     return time.strftime("%b %d %Y", moment)
 
 
-def _file_record(path, data, st, started, now):
-    digest = hashlib.sha256(data).hexdigest()
+def _file_record(path, started, now):
+    """The record of a file the compile read, and its :class:`_Facts`.  A file this process hashed
+    and could trust, and that still stats the same, is not read again."""
+    st = _stat(path)
+    known = _known_hashes.get(path)
+    if known is not None and known[0] == _signature(st) and known[1] in _facts_memo:
+        digest = known[1]
+        found = _facts_memo[digest]
+    else:
+        data, st = read_regular(path)
+        digest = hashlib.sha256(data).hexdigest()
+        found = _facts_of(data, digest)
     started_ns, now_ns = int(started * 1e9), int(now * 1e9)
     for changed in (st.st_mtime_ns, st.st_ctime_ns):
         # A file system with whole-second times stamps a change made during the compile with a time
@@ -145,7 +186,7 @@ def _file_record(path, data, st, started, now):
     trusted = digest != CHANGED_DURING_COMPILE and _trustworthy(st, started)
     if trusted:
         _remember(path, _signature(st), digest)
-    return [path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, digest, trusted]
+    return [path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, digest, trusted], found
 
 
 def _dir_record(path, started):
@@ -156,11 +197,37 @@ def _dir_record(path, started):
 _INCLUDES = re.compile(br'^[ \t]*#[ \t]*include(?:_next)?[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
 
 
-def _absent_names(paths, search_dirs, texts):
+_absent_memo = {}
+
+
+def _absent_names(paths, digests, search_dirs, facts, source_dir=None):
     """``({directory: set of names} that must stay absent, {paths that must stay})`` (see the
-    module's docstring)."""
+    module's docstring).  Remembered for the same files and search path while every directory the
+    answer depends on stats the same: kernels that share their headers share the work."""
+    marker = (tuple(paths), tuple(digests), tuple(search_dirs), facts[0].includes, facts[0].has_includes,
+              source_dir)
+    found = _absent_memo.get(marker)
+    if found is not None and all(_dir_signature(d) == sig for d, sig in found[2]):
+        return found[0], found[1]
+    absent, present, looked = _look_up_names(paths, search_dirs, facts, source_dir)
+    with _lock:
+        if len(_absent_memo) >= 256:
+            _absent_memo.clear()
+        _absent_memo[marker] = (absent, present, [(d, _dir_signature(d)) for d in sorted(looked)])
+    return absent, present
+
+
+def _dir_signature(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def _look_up_names(paths, search_dirs, facts, source_dir):
     search = [os.path.normpath(d) for d in search_dirs]
-    absent, present = {}, set()
+    absent, present, looked = {}, set(), set()
     probed = set()
 
     def probe(name, order, answer=False):
@@ -172,25 +239,27 @@ def _absent_names(paths, search_dirs, texts):
         for directory in order:
             candidate = os.path.normpath(os.path.join(directory, name))
             if os.path.exists(candidate):
+                looked.add(os.path.dirname(candidate) or os.curdir)
                 if answer:
                     present.add(candidate)
                 return
             holder, missing = _first_missing(candidate)
             if holder is not None:
                 absent.setdefault(holder, set()).add(missing)
+                looked.add(holder)
     whole = tuple(search)
     for path in paths:
         for index, directory in enumerate(search):
             if _under(path, directory):
                 probe(os.path.relpath(path, directory), whole[:index])
                 break
-    for path, text in zip([None] + list(paths), texts):
-        here = (os.path.dirname(path) or os.curdir,) if path else ()
-        for quote, name in _INCLUDES.findall(text):
-            probe(name.decode("utf-8", "surrogateescape").strip(), (here if quote == b'"' else ()) + whole)
-        for quote, name in _HAS_INCLUDE.findall(text):
-            probe(name.decode("utf-8", "surrogateescape").strip(), (here if quote == b'"' else ()) + whole, True)
-    return absent, present
+    for path, found in zip([None] + list(paths), facts):
+        here = (os.path.dirname(path) or os.curdir,) if path else ((source_dir,) if source_dir else ())
+        for quoted, name in found.includes:
+            probe(name, (here if quoted else ()) + whole)
+        for quoted, name in found.has_includes:
+            probe(name, (here if quoted else ()) + whole, True)
+    return absent, present, looked
 
 
 def _first_missing(path):
@@ -245,7 +314,7 @@ class _Parsed(object):
         watch.update(os.path.dirname(item[0]) or os.curdir for item in self.files)
         self.watch = sorted(watch)
         # A relative path is looked up in whatever the working directory is at the time (NVRTC's
-        # quoted includes): a watch would stay on the directory it was made in.
+        # quoted includes): its check and watch hold for one working directory.
         self.absolute = all(os.path.isabs(d) for d in self.watch)
 
 
@@ -265,14 +334,19 @@ def fresh(section, load, complete=True, missing_ok=False):
             _valid.clear()
             _owner[0] = os.getpid()
     marker = (section, complete)
+    parsed = _sets.get(section)
+    if parsed is not None and not parsed.absolute:
+        marker = (section, complete, os.getcwd())  # relative paths mean another file elsewhere
     when = _valid.get(marker)
     if when is not None and (when == _WATCHED or time.time() - when < recheck_seconds):
         return True
     parsed = _parse(section, load)
     if parsed is None:
         return False
+    if not parsed.absolute:
+        marker = (section, complete, os.getcwd())
     # Watch before checking, so that a change between the two is heard.
-    watched = complete and parsed.date is None and parsed.absolute and _watch(parsed.watch)
+    watched = complete and parsed.date is None and _watch([os.path.abspath(d) for d in parsed.watch])
     if not _check(parsed, complete, missing_ok):
         return False
     with _lock:
@@ -464,6 +538,9 @@ def forget():
         _valid.clear()
         _link_parent_memo.clear()
         _network_fs_memo.clear()
+        _absent_memo.clear()
+        _facts_memo.clear()
+        _realpaths.clear()
 
 
 # -- whose headers -------------------------------------------------------------------------------
@@ -478,7 +555,7 @@ def split_system(paths, system_dirs, user_dirs):
     user_dirs = _both_forms(user_dirs)
     user, system = [], []
     for path in paths:
-        forms = (os.path.abspath(path), os.path.realpath(path))
+        forms = (os.path.abspath(path), _realpath(path))
         if any(_under(f, d) for f in forms for d in system_dirs) \
                 and not any(_under(f, d) for f in forms for d in user_dirs):
             system.append(path)
@@ -490,9 +567,25 @@ def split_system(paths, system_dirs, user_dirs):
 def _both_forms(dirs):
     found = []
     for directory in dirs:
-        for form in (os.path.abspath(directory), os.path.realpath(directory)):
+        for form in (os.path.abspath(directory), _realpath(directory)):
             if form not in found:
                 found.append(form)
+    return found
+
+
+_realpaths = {}
+
+
+def _realpath(path):
+    """``os.path.realpath``, once per process and path: it only sorts headers into the toolkit's and
+    yours (which a machine without the compiler skips), and a compile resolves many the same."""
+    found = _realpaths.get(path)
+    if found is None:
+        found = os.path.realpath(path)
+        with _lock:
+            if len(_realpaths) >= _LIMIT:
+                _realpaths.clear()
+            _realpaths[path] = found
     return found
 
 

@@ -273,6 +273,11 @@ class Compiler(object):
         """The directories a compile looks for headers in, in order (for the dependency set)."""
         return list(path_options.include_dirs)
 
+    def source_directory(self, name, options):
+        """Where the program's own quoted includes are looked for first (``None``: nowhere that can
+        change, such as nvcc's private working directory)."""
+        return None
+
     def compile(self, source, options, target, name="kernel.cu", inputs=None):
         """Compile CUDA C++ ``source`` for ``target`` and return the image bytes.
 

@@ -16,7 +16,7 @@ import threading
 from ..errors import CompileError, CompilerNotFoundError
 from .base import Compiler, CompilerIdentity, archs_from_table, file_signature, unknown_arch_hint
 from .options import read_path_options
-from .reads import OpenedFiles, nvrtc_search_path, scan_includes, watched_directories
+from .reads import OpenedFiles, include_trees, nvrtc_source_directory, scan_includes
 
 __all__ = ["NVRTC_ENV", "find_nvrtc", "probe_nvrtc", "NvrtcCompiler", "nvrtc_compiler"]
 
@@ -368,24 +368,28 @@ class NvrtcCompiler(Compiler):
             raise CompileError("the source, its name or an option contains a NUL character, which "
                                "NVRTC would treat as the end of the text", command=command)
 
-        opened = scanned = None
+        opened = None
         if inputs is not None:
-            # NVRTC cannot list what it read: the kernel records what it opens (reads.py).  The scan
-            # first keeps a FIFO on the include path from blocking this process for ever.
+            # NVRTC cannot list what it read: the kernel records what it opens (reads.py).  A FIFO on
+            # the include path would block this process for ever: only where the trees hold one is
+            # the whole include scan needed to tell whether the compile reaches it.
             paths = read_path_options(command[1:])
-            search = nvrtc_search_path(paths.include_dirs, _as_text(name_bytes), command)
             pre_includes = paths.resolve_pre_includes()
-            scanned = scan_includes(source_bytes, paths.include_dirs, pre_includes,
-                                    None if len(search) == len(paths.include_dirs) else search[0])
-            opened = OpenedFiles(watched_directories(
-                search + [os.path.dirname(p) for p in pre_includes], scanned))
+            first = nvrtc_source_directory(_as_text(name_bytes), command)
+            scan = (source_bytes, paths.include_dirs, pre_includes, first)
+            direct = scan_includes(*scan, recursive=False)
+            roots = ([first] if first else []) + paths.include_dirs
+            directories, special = include_trees(roots, direct + pre_includes)
+            if special or directories is None:
+                scan_includes(*scan)
+            opened = OpenedFiles(directories)
         image = self._compile_program(source_bytes, name, name_bytes, encoded, command, arch, kind, opened)
         if inputs is not None:
-            inputs.extend(opened.paths if opened.paths is not None else scanned)
+            inputs.extend(opened.paths if opened.paths is not None else scan_includes(*scan))
         return image
 
-    def search_path(self, path_options, name, options):
-        return nvrtc_search_path(path_options.include_dirs, name, options)
+    def source_directory(self, name, options):
+        return nvrtc_source_directory(name, options)
 
     def _compile_program(self, source_bytes, name, name_bytes, encoded, command, arch, kind, opened):
         library = self._lib()

@@ -48,7 +48,7 @@ def _names_in(path):
     return found
 
 
-def scan_includes(source, include_dirs, pre_includes=(), source_dir=None):
+def scan_includes(source, include_dirs, pre_includes=(), source_dir=None, recursive=True):
     """Every existing file that ``source`` may include, directly or through other headers.
 
     Quoted includes are looked up beside the including file first (the main
@@ -58,6 +58,7 @@ def scan_includes(source, include_dirs, pre_includes=(), source_dir=None):
     and version, so a kernel after the first costs a ``stat`` per header.
     Raises :class:`NotARegularFile` for an include that resolves to a FIFO or
     device: that is its first job, keeping a compile from blocking on one.
+    ``recursive=False`` resolves the source's own includes only.
     """
     if not isinstance(source, bytes):
         source = source.encode("utf-8", "surrogateescape")
@@ -87,7 +88,10 @@ def scan_includes(source, include_dirs, pre_includes=(), source_dir=None):
                 if path not in seen:
                     seen.add(path)
                     found.append(path)
-                    pending.append((_names_in(path), os.path.dirname(path) or os.curdir))
+                    if recursive:
+                        pending.append((_names_in(path), os.path.dirname(path) or os.curdir))
+                    else:
+                        _names_in(path)  # a FIFO or device raises here all the same
                 break
     return found
 
@@ -100,36 +104,45 @@ def environment_include_dirs():
     return dirs
 
 
-def nvrtc_search_path(include_dirs, name, options):
-    """Where NVRTC looks, in order: the program's own directory for its quoted includes (relative to
-    the working directory; not with ``--no-source-include``), then each ``-I`` directory."""
-    first = [] if "--no-source-include" in options or "-no-source-include" in options \
-        else [os.path.dirname(os.path.normpath(str(name))) or os.curdir]
-    return first + list(include_dirs)
+def nvrtc_source_directory(name, options):
+    """Where NVRTC looks first for the program's own quoted includes: the directory of its name,
+    relative to the working directory (``None`` with ``--no-source-include``)."""
+    if "--no-source-include" in options or "-no-source-include" in options:
+        return None
+    return os.path.dirname(os.path.normpath(str(name))) or os.curdir
 
 
-def watched_directories(search_path, scanned):
-    """Every directory under the search path's roots (the working directory itself only: it may be a
-    home directory), and the directory of each file the scan found; ``None`` past the limit."""
-    found, seen = [], set()
-
-    def add(directory):
-        if directory not in seen:
-            seen.add(directory)
-            found.append(directory)
-    for root in search_path:
-        if not os.path.isdir(root):
+def include_trees(roots, files):
+    """``(directories, special)``: every directory under ``roots`` (a relative root, the working
+    directory, on its own: it may be a home directory) and the directory of each of ``files``, or
+    ``None`` past :data:`WATCH_LIMIT`; and whether any of them holds a FIFO, socket or device,
+    which only then makes the include scan necessary before a compile."""
+    found, seen, special = [], set(), False
+    pending = [(root, os.path.isabs(root)) for root in reversed(roots)]
+    pending += [(os.path.dirname(path) or os.curdir, False) for path in files]
+    while pending:
+        directory, recursive = pending.pop()
+        try:
+            st = os.stat(directory)
+            entries = list(os.scandir(directory))
+        except OSError:
             continue
-        if not os.path.isabs(root):
-            add(root)
-            continue
-        for directory, _subdirs, _files in os.walk(root, followlinks=True):
-            add(directory)
-            if len(found) > WATCH_LIMIT:
-                return None
-    for path in scanned:
-        add(os.path.dirname(path) or os.curdir)
-    return found if len(found) <= WATCH_LIMIT else None
+        if (st.st_dev, st.st_ino) in seen:
+            continue  # reached twice, through a link (or a link cycle)
+        seen.add((st.st_dev, st.st_ino))
+        found.append(directory)
+        if len(found) > WATCH_LIMIT:
+            return None, special
+        for entry in entries:
+            try:
+                if entry.is_dir():
+                    if recursive:
+                        pending.append((os.path.join(directory, entry.name), True))
+                elif not entry.is_file() and os.path.exists(entry.path):
+                    special = True
+            except OSError:
+                continue
+    return found, special
 
 
 class OpenedFiles(object):
