@@ -122,11 +122,18 @@ def _probe_engine(records):
     from ptxbackend import engine
     original = engine.compile
 
+    clock = time.perf_counter
+
     def compile(*args, **kwargs):
+        started = clock()
         artifact = original(*args, **kwargs)
+        artifact_seconds.append(clock() - started)  # the hook's own share of a kernel's first use
         records.append(artifact)
         return artifact
     engine.compile = compile
+
+
+artifact_seconds = []
 
 
 def _summarise_artifacts(records):
@@ -144,6 +151,8 @@ def _summarise_artifacts(records):
     for a in records:
         kinds[a.kind] = kinds.get(a.kind, 0) + 1
     out = {"served": len(records), "hits": hits, "kinds": kinds}
+    if artifact_seconds:
+        out["in_compile_ms_median"] = statistics.median(artifact_seconds) * 1e3
     if overheads:  # "an entry holds at most 2 KiB besides its payload"
         out.update(entry_overhead_median=statistics.median(overheads), entry_overhead_max=max(overheads),
                    payload_median=statistics.median(payloads))

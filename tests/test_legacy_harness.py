@@ -49,7 +49,8 @@ def sdist():
             # pip prepares the sdist's metadata with its own (unpatched) setup.py, which
             # imports pkg_resources: give that isolated build a setuptools that has it
             handle.write("setuptools<70\n")
-        env = dict(os.environ, PIP_CONSTRAINT=constraint, PIP_USE_PEP517="1")
+        # pip 25.3 and later apply only --build-constraint to that build (PIP_BUILD_CONSTRAINT).
+        env = dict(os.environ, PIP_CONSTRAINT=constraint, PIP_BUILD_CONSTRAINT=constraint, PIP_USE_PEP517="1")
         code, out = _run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
                           "--no-deps", "--no-binary", ":all:", "-d", SDIST_DIR, "chainer==1.24.0"], env=env)
         if code != 0 or not os.path.exists(path):

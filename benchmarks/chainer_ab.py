@@ -1,0 +1,654 @@
+"""Chainer 1.24's CuPy v1 through the start-up hook of several ptxbackend trees, side by side, one run.
+
+The user's stack: Chainer 1.24 (it bundles CuPy v1 as the package ``cupy``) with an nvcc that does not
+know the GPU (here nvcc 11.2 on an H200, sm_90).  Stock CuPy v1 fails there on its first kernel, so
+there is no stock arm with that nvcc: the arms are ptxbackend source trees (``--tree NAME=DIR``, e.g.
+0.2.0 unpacked from ``git archive`` and the working tree), all with nvcc 11.2 as ``nvcc`` (target
+auto: compute_86 PTX on an H200).  The FIRST tree given is the baseline every other arm is compared
+with, round by round.  ``--stock13`` adds, for reference only, stock CuPy v1 (no hook) with CUDA
+13's nvcc, which knows sm_90 (``--cubin -arch sm_90``); by default in the first round only
+(``--stock13-rounds``), because its cold child is the slowest of all.
+
+A tree arm's child puts DIR first on ``sys.path`` and activates the hook as ``ptxbackend.pth`` does
+(``import _ptxbackend_pth; _ptxbackend_pth.install()``) before ``import cupy``, then checks that
+``cupy.cuda.compile_with_cache`` and ``cupy.cuda.compiler.compile_with_cache`` are ptxbackend's, that
+the package came from DIR and that ptxbackend finds the ``nvcc`` wrapper.  Each child is a fresh
+process: import cupy, make the context, one uncounted warm-up kernel, then N (100) distinct
+``cupy.ElementwiseKernel``s on float32 arrays created, launched and synchronised; ms/kernel =
+total / N.  Cold = a child over empty caches (ptxbackend's, CuPy's ~/.cupy/kernel_cache via HOME and
+CUPY_CACHE_DIR, the driver's JIT cache: all per arm and round); warm = a second fresh child over
+what the cold one left.  Every ``nvcc`` process is logged by the wrapper (one log per child), so a
+warm child can be shown to run no compile.  Rounds interleave the arms ABAB (order reversed every
+other round).
+
+    python benchmarks/chainer_ab.py --site /tmp/chainer-site --nvcc112 /tmp/tk/nvcc112/bin/nvcc112 \\
+        --tree 0.2.0=/tmp/pb020 --tree now=. --stock13 --rounds 3 --out ab
+    python benchmarks/chainer_ab.py ... --dry-run     # no GPU needed: arms, trees, wrappers, hooks
+
+Writes results.json (every child's figures) and summary.md (medians over rounds, each round's ratio
+to the baseline tree, the issue's targets: cold within 1.05x of the baseline, warm at most 1.0x).
+Inherited PTXBACKEND_*, CUPY_*, CUDA_PATH and CUDA_HOME are dropped: every arm runs on defaults, and
+the ``nvcc`` first on PATH is the toolkit in use, for CuPy v1 and ptxbackend alike.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MARK = "CHAINERAB-RESULT "  # the child's one result line; anything else it prints is noise
+TARGET_COLD, TARGET_WARM = 1.05, 1.0  # ratio to the baseline tree, per kernel
+LOG_VAR = "CHAINER_AB_NVCC_LOG"  # where the nvcc wrapper appends one line per process
+STOCK = "stock13"
+
+
+# --------------------------------------------------------------------------- the kernels
+
+# Distinct sources: an operation from this list and constants from the index (the usual activation
+# and scaling steps of a network's forward and backward passes).  CuPy v1 wraps each body in its own
+# kernel with <cupy/carray.cuh>, as every CuPy kernel.
+_OPS = ("y = x * {a}f + {b}f",
+        "y = x > 0.0f ? x * {a}f : x * {b}f",
+        "y = 1.0f / (1.0f + expf(-x * {a}f)) + {b}f",
+        "y = tanhf(x * {a}f) * {b}f",
+        "y = sqrtf(x * x + {a}f) - {b}f",
+        "y = logf(1.0f + expf(x * {a}f)) + {b}f",
+        "y = fminf(fmaxf(x, -{a}f), {a}f) * {b}f",
+        "y = expf(-fabsf(x) * {a}f) + {b}f")
+
+
+def kernel_spec(i):
+    """(in_params, out_params, operation, name) of kernel ``i``; the same in every arm and round."""
+    body = _OPS[i % len(_OPS)].format(a="%d.5" % (i + 1), b="%d.25" % (i % 7 + 1))
+    return "float32 x", "float32 y", body, "chainer_ab_k%d" % i
+
+
+WARMUP = ("float32 x", "float32 y", "y = x + 0.125f", "chainer_ab_warmup")  # not among the N
+
+
+# --------------------------------------------------------------------------- the child
+
+def _dir_stats(path):
+    files = size = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+                files += 1
+            except OSError:
+                pass
+    return {"files": files, "bytes": size}
+
+
+def _activate_tree(tree):
+    """What ptxbackend.pth does at start-up, from ``tree`` (see benchmarks/cupy14_ab.py).
+
+    The parent starts every child with PTXBACKEND_DISABLE=1 so that a ptxbackend installed in this
+    Python registers nothing; here that copy is forgotten, the switch turned back on, and the tree's
+    own first stage imported and installed (0.2.0 on import, later ones on install(): idempotent).
+    """
+    os.environ.pop("PTXBACKEND_DISABLE", None)
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "ptxbackend_watcher", False)]
+    for name in list(sys.modules):
+        if name in ("_ptxbackend_pth", "_ptxbackend_boot", "ptxbackend") or name.startswith("ptxbackend."):
+            del sys.modules[name]
+    sys.path.insert(0, tree)
+    import _ptxbackend_pth
+    _ptxbackend_pth.install()
+    return _ptxbackend_pth.__file__
+
+
+def _inside(path, tree):
+    return os.path.realpath(path).startswith(os.path.realpath(tree) + os.sep)
+
+
+def _verify(tree, pth_file):
+    """Raise unless the arm is what it claims: stock untouched, or the hook from ``tree`` in charge."""
+    import cupy.cuda
+    import cupy.cuda.compiler as compiler
+    functions = {"cupy.cuda.compile_with_cache": cupy.cuda.compile_with_cache,
+                 "cupy.cuda.compiler.compile_with_cache": compiler.compile_with_cache}
+    replaced = sorted(k for k, f in functions.items() if hasattr(f, "_ptxbackend_original"))
+    info = {"cupy_from": os.path.dirname(cupy.__file__), "replaced": replaced, "nvcc_on_path": shutil.which("nvcc")}
+    if tree is None:
+        loaded = sorted(m for m in sys.modules if m == "ptxbackend" or m.startswith("ptxbackend."))
+        if replaced or loaded or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
+            raise SystemExit("stock arm: ptxbackend is active (replaced=%s, modules=%s)" % (replaced, loaded))
+        return info
+    import ptxbackend
+    from ptxbackend import cupy_integration
+    if not (_inside(pth_file, tree) and _inside(ptxbackend.__file__, tree)):
+        raise SystemExit("tree arm: hook from %s, package from %s, not from %s" % (pth_file, ptxbackend.__file__, tree))
+    if len(replaced) != len(functions) or not cupy_integration.installed():
+        raise SystemExit("tree arm: the hook did not take over CuPy v1's compile_with_cache (replaced %s): %s"
+                         % (replaced, cupy_integration.status()))
+    from ptxbackend.compilers.nvcc import find_nvcc
+    found = find_nvcc()
+    if os.path.realpath(found) != os.path.realpath(info["nvcc_on_path"] or ""):
+        raise SystemExit("tree arm: ptxbackend uses %s, not the nvcc wrapper on PATH (%s)" % (found, info["nvcc_on_path"]))
+    info.update(version=ptxbackend.__version__, package_from=os.path.dirname(ptxbackend.__file__),
+                status=cupy_integration.status(), ptxbackend_nvcc=found)
+    return info
+
+
+def _probe_engine(records):
+    """Record each artifact the hook gets from ptxbackend's engine (kind, target, producer, hit)."""
+    from ptxbackend import engine
+    original = engine.compile
+
+    def compile(*args, **kwargs):
+        artifact = original(*args, **kwargs)
+        records.append(artifact)
+        return artifact
+    engine.compile = compile
+
+
+def _summarise_artifacts(records):
+    kinds = {}
+    for a in records:
+        key = "%s %s %s" % (getattr(a, "producer", "?"), getattr(a, "target", "?"), getattr(a, "kind", "?"))
+        kinds[key] = kinds.get(key, 0) + 1
+    return {"served": len(records), "hits": sum(bool(getattr(a, "cache_hit", False)) for a in records),
+            "kinds": kinds}
+
+
+def _cupy_info(cupy):
+    info = {"cupy": getattr(cupy, "__version__", None) or "CuPy v1 (bundled with Chainer)"}
+    for key, get in (("driver", lambda: cupy.cuda.runtime.driverGetVersion()),
+                     ("runtime", lambda: cupy.cuda.runtime.runtimeGetVersion()),
+                     ("compute_capability", lambda: cupy.cuda.Device().compute_capability)):
+        try:
+            info[key] = get()
+        except Exception as exc:  # no GPU here (the dry run): say why instead
+            info[key] = "unavailable: %s" % (type(exc).__name__,)
+    return info
+
+
+def child(args):
+    perf = time.perf_counter
+    tree = args.child_tree or None
+    pth_file = _activate_tree(tree) if tree else None
+    t = perf()
+    import cupy
+    report = {"import_cupy_s": perf() - t}
+    report["arm"] = _verify(tree, pth_file)
+    if args.child == "check":  # the dry run, and the real run's check of every arm before timing
+        report["kernels_built"] = len([cupy.ElementwiseKernel(*kernel_spec(i)) for i in range(args.kernels)])
+        report.update(_cupy_info(cupy))
+        print(MARK + json.dumps(report))
+        return
+
+    import gc
+    import numpy
+    records = []
+    if tree:
+        _probe_engine(records)
+    dirs = {"ptxbackend": os.environ["PTXBACKEND_CACHE_DIR"], "cupy": os.environ["CUPY_CACHE_DIR"],
+            "cuda_jit": os.environ["CUDA_CACHE_PATH"]}
+    t = perf()
+    # The context is made here; a copy from the host, not cupy.arange, which would compile a kernel.
+    x = cupy.asarray(numpy.linspace(-2.0, 2.0, 4096, dtype=numpy.float32))
+    y = cupy.empty_like(x)
+    cupy.cuda.runtime.deviceSynchronize()
+    report["context_s"] = perf() - t
+    t = perf()
+    cupy.ElementwiseKernel(*WARMUP)(x, y)  # the one-time costs: nvcc --version, headers, settings
+    cupy.cuda.runtime.deviceSynchronize()
+    report["warmup_s"] = perf() - t
+    if tree:  # 0 would mean the tree's hook reaches the engine some other way: no hit counts then
+        report["probe_saw_warmup"] = len(records)
+    del records[:]
+    before = {k: _dir_stats(v) for k, v in dirs.items()}
+    specs = [kernel_spec(i) for i in range(args.kernels)]
+    gc.collect()
+    each = []
+    t0 = perf()
+    for spec in specs:
+        t = perf()
+        cupy.ElementwiseKernel(*spec)(x, y)  # the first launch compiles (or finds it cached)
+        each.append(perf() - t)
+    cupy.cuda.runtime.deviceSynchronize()
+    total = perf() - t0
+    n = args.kernels
+    report.update(total_s=total, per_kernel_ms=total / n * 1e3,
+                  median_kernel_ms=statistics.median(each) * 1e3, max_kernel_ms=max(each) * 1e3,
+                  caches={k: {"before": before[k], "after": _dir_stats(v)} for k, v in dirs.items()})
+    if tree:
+        report["artifacts"] = _summarise_artifacts(records)
+    report["y_checksum"] = float(cupy.asnumpy(y).astype(numpy.float64).sum())  # the last kernel's output
+    report.update(_cupy_info(cupy))
+    print(MARK + json.dumps(report))
+
+
+# --------------------------------------------------------------------------- the parent
+
+def _tree_info(name, path):
+    path = os.path.abspath(path)
+    for need in ("_ptxbackend_pth.py", "_ptxbackend_boot.py", os.path.join("ptxbackend", "__init__.py"),
+                 os.path.join("ptxbackend", "cupy_integration.py"), os.path.join("ptxbackend", "compilers", "nvcc.py")):
+        if not os.path.isfile(os.path.join(path, need)):
+            raise SystemExit("--tree %s=%s: no %s there (give a ptxbackend source tree)" % (name, path, need))
+    info = {"name": name, "dir": path, "nvcc": "nvcc112"}
+    for source in ("_version.py", "__init__.py"):
+        try:
+            with open(os.path.join(path, "ptxbackend", source)) as f:
+                found = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
+        except OSError:
+            continue
+        if found:
+            info["version"] = found.group(1)
+            break
+    try:  # a git checkout: which commit, and whether the package differs from it
+        top = subprocess.run(["git", "-C", path, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode == 0 and os.path.realpath(top.stdout.strip()) == os.path.realpath(path):
+            info["commit"] = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True,
+                                            text=True).stdout.strip()
+            dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--", "ptxbackend",
+                                    "_ptxbackend_pth.py", "_ptxbackend_boot.py"], capture_output=True, text=True)
+            info["uncommitted_files"] = len(dirty.stdout.splitlines())
+    except OSError:
+        pass
+    return info
+
+
+def _parse_arms(specs, stock13):
+    arms = []
+    for spec in specs:
+        name, eq, path = spec.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z0-9._-]+", name) or name == STOCK \
+                or name in [a["name"] for a in arms]:
+            raise SystemExit("--tree %r: write NAME=DIR, NAME unique, of letters, digits, '.', '_', '-', "
+                             "not %r" % (spec, STOCK))
+        arms.append(_tree_info(name, path))
+    if not arms:
+        raise SystemExit("give at least one --tree NAME=DIR (the first is the baseline)")
+    if stock13:
+        arms.append({"name": STOCK, "dir": None, "nvcc": "nvcc13"})
+    return arms
+
+
+_WRAPPER = '#!/bin/sh\n[ -n "$%s" ] && echo "$*" >> "$%s"\nexec %s "$@"\n'
+_PROBE_SOURCE = 'extern "C" __global__ void probe(float *x) { x[threadIdx.x] *= 2.0f; }\n'
+
+
+def _make_wrapper(scratch, name, real):
+    """A ``nvcc`` script that logs each call and execs the real compiler (not a link: nvcc112 finds its
+    bundle from its own path)."""
+    directory = os.path.join(scratch, "bin-" + name)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "nvcc")
+    with open(path, "w") as f:
+        f.write(_WRAPPER % (LOG_VAR, LOG_VAR, _quote(real)))
+    os.chmod(path, 0o755)
+    return directory
+
+
+def _quote(text):
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _check_toolkit(name, directory, scratch):
+    """``nvcc --version`` through the wrapper and one real compile of a tiny kernel for the arm's target."""
+    nvcc = os.path.join(directory, "nvcc")
+    env = {k: v for k, v in os.environ.items() if k != LOG_VAR}
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, env=env, timeout=120)
+    lines = out.stdout.strip().splitlines()
+    release = re.search(r"release ([0-9.]+), V([0-9.]+)", out.stdout)
+    info = {"wrapper": nvcc, "version_line": lines[-2] if len(lines) > 1 else out.stdout.strip() + out.stderr.strip(),
+            "release": release.group(1) if release else None, "build": release.group(2) if release else None}
+    if out.returncode or not release:
+        raise SystemExit("%s: `%s --version` failed (rc=%d): %s" % (name, nvcc, out.returncode,
+                                                                   (out.stderr + out.stdout).strip()[-500:]))
+    work = tempfile.mkdtemp(prefix="probe-", dir=scratch)
+    with open(os.path.join(work, "probe.cu"), "w") as f:
+        f.write(_PROBE_SOURCE)
+    args = ["--ptx", "-arch", "compute_86"] if name == "nvcc112" else ["--cubin", "-arch", "sm_90"]
+    t = time.perf_counter()
+    done = subprocess.run([nvcc] + args + ["probe.cu"], cwd=work, capture_output=True, text=True, env=env, timeout=120)
+    info["probe"] = {"args": " ".join(args), "rc": done.returncode, "s": round(time.perf_counter() - t, 3),
+                     "output": sorted(os.listdir(work))}
+    if done.returncode:
+        raise SystemExit("%s: `nvcc %s probe.cu` failed: %s" % (name, " ".join(args), (done.stderr + done.stdout)[-800:]))
+    if name == "nvcc112":
+        if not info["release"].startswith("11.2"):
+            raise SystemExit("--nvcc112 is release %s, not 11.2" % info["release"])
+        # the story's failure: this nvcc must not know the H200
+        bad = subprocess.run([nvcc, "--cubin", "-arch", "sm_90", "probe.cu"], cwd=work, capture_output=True,
+                             text=True, env=env, timeout=120)
+        info["rejects_sm_90"] = bad.returncode != 0 and "sm_90" in (bad.stderr + bad.stdout)
+        if not info["rejects_sm_90"]:
+            raise SystemExit("--nvcc112 accepted -arch sm_90: not the old toolkit this benchmark is about")
+    elif info["release"].startswith("11."):
+        raise SystemExit("--nvcc13 is release %s: stock13 needs an nvcc that knows sm_90" % info["release"])
+    shutil.rmtree(work, ignore_errors=True)
+    return info
+
+
+def _machine():
+    info = {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
+            "cpus": os.cpu_count(), "host": platform.node()}
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=60)
+        info["gpu"] = (done.stdout.strip().splitlines() or [None])[0]
+    except (OSError, subprocess.SubprocessError) as exc:
+        info["gpu"] = "unavailable: %s" % type(exc).__name__
+    return info
+
+
+def _child_env(arm, caches, log, args):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PTXBACKEND_", "CUPY_", "CUDA_CACHE_", "CHAINER_AB_"))
+           and k not in ("CUDA_PATH", "CUDA_HOME", "PYTHONPATH")}
+    env["PATH"] = args.bins[arm["nvcc"]] + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = args.site
+    # Every child starts with the hook off: stock stays so, a tree arm turns on its own tree's.
+    env.update(PTXBACKEND_DISABLE="1", PYTHONDONTWRITEBYTECODE="1", HOME=caches["home"],
+               CUPY_CACHE_DIR=caches["cupy"], PTXBACKEND_CACHE_DIR=caches["ptxbackend"],
+               CUDA_CACHE_PATH=caches["cuda_jit"])
+    env[LOG_VAR] = log
+    return env
+
+
+def _nvcc_calls(log):
+    """{'compiles': n, 'preprocess': n, 'other': n} from a wrapper log (one line of arguments per process)."""
+    counts = {"processes": 0, "compiles": 0, "preprocess": 0, "other": 0}
+    try:
+        with open(log) as f:
+            lines = [line.split() for line in f if line.strip()]
+    except OSError:
+        return counts
+    for words in lines:
+        counts["processes"] += 1
+        if any(w in ("-dryrun", "--dryrun", "--version", "-V") for w in words):
+            counts["other"] += 1
+        elif any(w in ("--preprocess", "-E") for w in words):
+            counts["preprocess"] += 1
+        elif any(w in ("--ptx", "-ptx", "--cubin", "-cubin", "--fatbin", "-fatbin", "-c", "--compile") for w in words):
+            counts["compiles"] += 1
+        else:
+            counts["other"] += 1
+    return counts
+
+
+def run_child(mode, arm, caches, log, args):
+    for key, path in caches.items():
+        os.makedirs(path, exist_ok=True)
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--child-tree", arm["dir"] or "",
+           "--kernels", str(args.kernels)]
+    t = time.perf_counter()
+    try:  # cwd outside every tree: the child finds ptxbackend only where it is told
+        done = subprocess.run(cmd, env=_child_env(arm, caches, log, args), cwd=tempfile.gettempdir(),
+                              capture_output=True, text=True, timeout=args.child_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out after %d s" % args.child_timeout, "wall_s": time.perf_counter() - t,
+                "nvcc": _nvcc_calls(log)}
+    wall = time.perf_counter() - t
+    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
+    if done.returncode or not lines:
+        return {"error": "rc=%d: %s" % (done.returncode, (done.stderr + done.stdout).strip()[-2000:]), "wall_s": wall,
+                "nvcc": _nvcc_calls(log)}
+    result = json.loads(lines[-1][len(MARK):])
+    result["wall_s"] = wall
+    result["nvcc"] = _nvcc_calls(log)
+    if done.stderr.strip():  # e.g. a ptxbackend warning that CuPy took a kernel back
+        result["stderr"] = done.stderr.strip()[-2000:]
+    return result
+
+
+def _precompile(paths):
+    # Bytecode now, so that no arm's first child pays for compiling the tree's (or Chainer's) .py files.
+    subprocess.run([sys.executable, "-m", "compileall", "-q"] + [p for p in paths if os.path.exists(p)],
+                   capture_output=True)
+
+
+def _stats(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarise(results):
+    """Per arm: cold and warm ms/kernel over rounds, and each round's ratio to the baseline tree."""
+    runs, arms = results["runs"], results["arms"]
+    base = results["baseline"]
+    per = {}
+    for r in runs:
+        per.setdefault((r["arm"], r["phase"]), {})[r["round"]] = r
+    out = {}
+    for arm in arms:
+        row = {}
+        for phase in ("cold", "warm"):
+            mine = per.get((arm["name"], phase), {})
+            ref = per.get((base, phase), {})
+            row[phase] = _stats([v.get("per_kernel_ms") for v in mine.values()])
+            row[phase + "_wall"] = _stats([v["wall_s"] for v in mine.values() if "error" not in v])
+            row[phase + "_ratio"] = None if arm["name"] == base else _stats(
+                [v["per_kernel_ms"] / ref[k]["per_kernel_ms"] for k, v in mine.items()
+                 if "per_kernel_ms" in v and "per_kernel_ms" in ref.get(k, {})])
+            row[phase + "_errors"] = sum("error" in v for v in mine.values())
+            row[phase + "_nvcc_compiles"] = [v["nvcc"]["compiles"] for _k, v in sorted(mine.items()) if "nvcc" in v]
+            row[phase + "_nvcc_processes"] = [v["nvcc"]["processes"] for _k, v in sorted(mine.items()) if "nvcc" in v]
+            row[phase + "_hits"] = ["%d/%d" % (v["artifacts"]["hits"], v["artifacts"]["served"])
+                                    for _k, v in sorted(mine.items()) if "artifacts" in v]
+            row[phase + "_cupy_files"] = [v["caches"]["cupy"]["after"]["files"] - v["caches"]["cupy"]["before"]["files"]
+                                          for _k, v in sorted(mine.items()) if "caches" in v]
+        kinds = {}
+        for v in per.get((arm["name"], "cold"), {}).values():
+            for k, n in v.get("artifacts", {}).get("kinds", {}).items():
+                kinds[k] = kinds.get(k, 0) + n
+        row["cold_kinds"] = kinds
+        out[arm["name"]] = row
+    return out
+
+
+def _fmt(s, spec="%.3f"):
+    return "-" if not s else (spec + " (" + spec + "-" + spec + ")") % (s["median"], s["min"], s["max"])
+
+
+def render(results):
+    summary = results["summary"]
+    m = results["machine"]
+    base = results["baseline"]
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(results["started"]))
+    tk = results["toolkits"]
+    lines = ["# Chainer 1.24's CuPy v1 through the hook of each ptxbackend tree (%s)" % when,
+             "", "GPU: %s; Python %s; Chainer's %s (driver %s, runtime %s, compute capability %s); nvcc 11.2: %s%s; "
+             "%d kernels per child; %d round(s) done%s." % (
+                 m.get("gpu"), m.get("python"), m.get("cupy"), m.get("driver"), m.get("runtime"),
+                 m.get("compute_capability"), tk["nvcc112"].get("version_line"),
+                 "; stock13's nvcc: %s" % tk["nvcc13"].get("version_line") if "nvcc13" in tk else "",
+                 results["kernels"], results["rounds_done"],
+                 " (stopped by the budget)" if results.get("stopped_by_budget") else ""),
+             "", "ms per kernel (median over rounds, min-max); ratio = arm / %s (the baseline) in the same round "
+             "(median, min-max); targets: cold <= %.2fx, warm <= %.1fx. nvcc compiles per child, one figure per "
+             "round (counted by the logging wrapper; warm should be 0 for the trees)." % (base, TARGET_COLD, TARGET_WARM),
+             "", "| arm | cold ms/kernel | warm ms/kernel | cold ratio | warm ratio | cold target | warm target | "
+             "nvcc compiles cold / warm |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm in results["arms"]:
+        row = summary[arm["name"]]
+        verdicts = []
+        for phase, target in (("cold", TARGET_COLD), ("warm", TARGET_WARM)):
+            ratio = row[phase + "_ratio"]
+            if arm["name"] == base:
+                verdicts.append("baseline")
+            elif arm["dir"] is None or not ratio:
+                verdicts.append("-")
+            else:
+                verdicts.append("met" if ratio["median"] <= target else "**not met**")
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s / %s |" % (
+            arm["name"], _fmt(row["cold"]), _fmt(row["warm"]), _fmt(row["cold_ratio"]), _fmt(row["warm_ratio"]),
+            verdicts[0], verdicts[1], row["cold_nvcc_compiles"], row["warm_nvcc_compiles"]))
+    lines.append("")
+    for arm in results["arms"]:
+        row = summary[arm["name"]]
+        if arm["dir"] is None:
+            title = "%s (stock CuPy v1, no hook, `nvcc --cubin -arch sm_XX` of CUDA %s: reference only)" % (
+                arm["name"], tk.get("nvcc13", {}).get("release"))
+        else:
+            title = "%s (ptxbackend %s, %s%s)" % (arm["name"], arm.get("version", "?"), arm.get("commit", arm["dir"])[:12],
+                                                 ", %d uncommitted files" % arm["uncommitted_files"]
+                                                 if arm.get("uncommitted_files") else "")
+        lines += ["## " + title, ""]
+        lines.append("Child wall s: cold %s, warm %s; errors: cold %d, warm %d; nvcc processes (all kinds) cold %s, "
+                     "warm %s; files CuPy's own kernel_cache gained: cold %s, warm %s." % (
+                         _fmt(row["cold_wall"], "%.1f"), _fmt(row["warm_wall"], "%.1f"), row["cold_errors"],
+                         row["warm_errors"], row["cold_nvcc_processes"], row["warm_nvcc_processes"],
+                         row["cold_cupy_files"], row["warm_cupy_files"]))
+        if arm["dir"] is not None:
+            lines[-1] += (" ptxbackend hits/served (of %d kernels; fewer served: CuPy's own nvcc took some back): "
+                          "cold %s, warm %s; what it served cold: %s." % (
+                              results["kernels"], ", ".join(row["cold_hits"]) or "-", ", ".join(row["warm_hits"]) or "-",
+                              ", ".join("%s x%d" % kv for kv in sorted(row["cold_kinds"].items())) or "-"))
+        errors = [r for r in results["runs"] if r["arm"] == arm["name"] and "error" in r]
+        for r in errors[:2]:
+            lines.append("")
+            lines.append("Round %d %s failed: `%s`" % (r["round"], r["phase"], r["error"].strip().splitlines()[-1][:300]))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _save(results, out):
+    results["summary"] = summarise(results)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(render(results))
+
+
+def _round_arms(arms, r, stock13_rounds):
+    order = arms if r % 2 == 0 else arms[::-1]  # ABAB: the order flips every round
+    return [a for a in order if a["dir"] is not None or r < stock13_rounds]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                   help="a ptxbackend source tree arm; the first is the baseline")
+    p.add_argument("--stock13", action="store_true", help="add stock CuPy v1 with CUDA 13's nvcc, for reference")
+    p.add_argument("--stock13-rounds", type=int, default=1, help="rounds that include stock13 (default: the first)")
+    p.add_argument("--site", default=os.environ.get("CHAINER_AB_SITE"),
+                   help="the folder Chainer 1.24 (its cupy), numpy 1.26, six, filelock are installed in (--target)")
+    p.add_argument("--nvcc112", default=os.environ.get("CHAINER_AB_NVCC112", "/tmp/tk/nvcc112/bin/nvcc112"),
+                   help="the real nvcc 11.2 (default /tmp/tk/nvcc112/bin/nvcc112)")
+    p.add_argument("--nvcc13", default=os.environ.get("CHAINER_AB_NVCC13"),
+                   help="the real CUDA 13 nvcc for stock13 (default /usr/local/cuda/bin/nvcc, else nvcc on PATH)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--kernels", type=int, default=100)
+    p.add_argument("--out", help="folder for results.json and summary.md")
+    p.add_argument("--budget-s", type=float,
+                   help="start no round that would end past this many seconds (from the longest time each arm took)")
+    p.add_argument("--child-timeout", type=int, default=150)
+    p.add_argument("--keep-caches", action="store_true", help="leave the per-arm cache folders (printed)")
+    p.add_argument("--dry-run", action="store_true", help="check arms, toolkits and hooks in a child each; no kernel")
+    p.add_argument("--child", choices=("check", "run"), help=argparse.SUPPRESS)
+    p.add_argument("--child-tree", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args)
+    t_main = time.perf_counter()
+    if args.rounds < 1 or args.kernels < 1 or args.stock13_rounds < 1:
+        p.error("--rounds, --kernels and --stock13-rounds must be at least 1")
+    if not args.dry_run and not args.out:
+        p.error("--out is needed (or --dry-run)")
+    if not args.site or not os.path.isfile(os.path.join(args.site, "cupy", "cuda", "compiler.py")):
+        p.error("--site %r: no cupy/cuda/compiler.py there (pip install --target SITE the Chainer 1.24 wheel)"
+                % (args.site,))
+    args.site = os.path.abspath(args.site)
+    if not (os.path.isfile(args.nvcc112) and os.access(args.nvcc112, os.X_OK)):
+        p.error("--nvcc112 %r is not an executable (unpack nvcc112.tar.xz, e.g. to /tmp/tk)" % args.nvcc112)
+    arms = _parse_arms(args.tree, args.stock13)
+    if args.stock13:
+        args.nvcc13 = args.nvcc13 or ("/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK)
+                                      else shutil.which("nvcc"))
+        if not args.nvcc13:
+            p.error("--stock13: no CUDA 13 nvcc found (give --nvcc13)")
+    scratch = tempfile.mkdtemp(prefix="chainer-ab-")
+    try:
+        return _run(args, arms, scratch, t_main)
+    finally:
+        if args.keep_caches and not args.dry_run:
+            print("caches kept in", scratch)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(args, arms, scratch, t_main):
+    args.bins = {"nvcc112": _make_wrapper(scratch, "nvcc112", os.path.abspath(args.nvcc112))}
+    if args.stock13:
+        args.bins["nvcc13"] = _make_wrapper(scratch, "nvcc13", os.path.abspath(args.nvcc13))
+    results = {"started": time.time(), "kernels": args.kernels, "rounds": args.rounds, "arms": arms,
+               "baseline": arms[0]["name"], "site": args.site, "machine": _machine(), "toolkits": {},
+               "targets": {"cold": TARGET_COLD, "warm": TARGET_WARM}, "checks": {}, "runs": [], "rounds_done": 0}
+    for name, directory in sorted(args.bins.items()):
+        results["toolkits"][name] = got = _check_toolkit(name, directory, scratch)
+        print("toolkit %-8s %s" % (name, json.dumps(got)), flush=True)
+
+    # Each arm once, before any timing: proves every hook takes over (or stays away) and finds the
+    # wrapper before the budget is spent, and warms the page cache for CuPy v1 and each tree.
+    _precompile([os.path.join(a["dir"], q) for a in arms if a["dir"]
+                 for q in ("ptxbackend", "_ptxbackend_pth.py", "_ptxbackend_boot.py")] +
+                [os.path.join(args.site, q) for q in ("cupy", "six.py", "filelock")])
+    for arm in arms:
+        caches = {k: os.path.join(scratch, "check", arm["name"], k) for k in ("cupy", "ptxbackend", "cuda_jit", "home")}
+        got = run_child("check", arm, caches, os.path.join(scratch, "check", arm["name"], "nvcc.log"), args)
+        results["checks"][arm["name"]] = got
+        print("check %-8s %s" % (arm["name"], json.dumps(got)), flush=True)
+        if "error" in got:
+            raise SystemExit("arm %s failed its check; nothing timed" % arm["name"])
+        if not os.path.realpath(got["arm"]["cupy_from"]).startswith(os.path.realpath(args.site) + os.sep):
+            raise SystemExit("arm %s imported cupy from %s, not from --site %s" % (arm["name"], got["arm"]["cupy_from"],
+                                                                                 args.site))
+        want = os.path.join(args.bins[arm["nvcc"]], "nvcc")
+        if os.path.realpath(got["arm"]["nvcc_on_path"] or "") != os.path.realpath(want):
+            raise SystemExit("arm %s: nvcc on PATH is %s, not the wrapper %s" % (arm["name"], got["arm"]["nvcc_on_path"],
+                                                                                 want))
+    first = results["checks"][arms[0]["name"]]
+    results["machine"].update({k: first.get(k) for k in ("cupy", "driver", "runtime", "compute_capability")})
+    plan = [("r%d" % r, [a["name"] for a in _round_arms(arms, r, args.stock13_rounds)]) for r in range(args.rounds)]
+    if args.dry_run:
+        print("dry run: every arm checked; the real run would do, per round, cold then warm of each arm in order:",
+              json.dumps(plan))
+        return 0
+
+    os.makedirs(args.out, exist_ok=True)
+    results["plan"] = plan
+    spent = {}  # arm -> the longest cold + warm it took
+    for r in range(args.rounds):
+        todo = _round_arms(arms, r, args.stock13_rounds)
+        elapsed = time.perf_counter() - t_main
+        estimate = sum(spent.get(a["name"], max(spent.values() or [0])) for a in todo)
+        if args.budget_s and r and elapsed + estimate > args.budget_s:
+            results["stopped_by_budget"] = True
+            print("budget: round %d would end near %.0f s of %.0f s; stopping" % (r, elapsed + estimate, args.budget_s))
+            break
+        for arm in todo:
+            caches = {k: os.path.join(scratch, "r%d" % r, arm["name"], k) for k in ("cupy", "ptxbackend", "cuda_jit", "home")}
+            t_arm = time.perf_counter()
+            for phase in ("cold", "warm"):  # warm: a fresh process over what cold left
+                log = os.path.join(scratch, "r%d" % r, arm["name"], "nvcc-%s.log" % phase)
+                got = run_child("run", arm, caches, log, args)
+                got.update(arm=arm["name"], phase=phase, round=r)
+                results["runs"].append(got)
+                figure = got["error"].splitlines()[-1][:200] if "error" in got else \
+                    "%.3f ms/kernel (wall %.1f s, nvcc %s)" % (got["per_kernel_ms"], got["wall_s"], got["nvcc"])
+                print("round %d %-8s %s: %s" % (r, arm["name"], phase, figure), flush=True)
+                _save(results, args.out)  # after every child: a run cut off by a timeout keeps its figures
+            spent[arm["name"]] = max(spent.get(arm["name"], 0), time.perf_counter() - t_arm)
+        results["rounds_done"] = r + 1
+        _save(results, args.out)
+    _save(results, args.out)
+    print(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Device call, from the repository root on the H200: Chainer 1.24's CuPy v1 through the start-up hook of
+# ptxbackend 0.2.0 and of this working tree, both with nvcc 11.2 (target auto: compute_86 PTX), plus stock
+# CuPy v1 with CUDA 13's nvcc for reference (first round only); fresh processes, 100 distinct kernels,
+# ABAB rounds (benchmarks/chainer_ab.py).
+# Carries .device/legacy (tests/legacy/build.sh), .device/nvcc112.tar.xz (cp ../shared/toolkits/nvcc112.tar.xz
+# .device/) and .device/run24 (benchmarks/device/stage-run24.sh: platformdirs/filelock wheels, pb020.tar):
+# about 52 MiB.
+# Fits in about 4 minutes: setup ~15 s; a tree arm's round ~35-40 s (cold ~0.3 s/kernel with nvcc 11.2,
+# warm a few s), stock13 ~50-60 s (round 0 only); no round is started that the longest time each arm took
+# so far would push past 225 s from the start of this script, and `timeout 260` stops it hard (results.json
+# and summary.md are rewritten after every child).
+export PYTHONUNBUFFERED=1
+set -u
+OUT=${OUT:-/tmp/chainer-ab-out}
+mkdir -p "$OUT"
+L=.device/legacy
+D=.device/run24
+PY=${PYTHON:-python3}
+site=/tmp/chainer-ab-site
+say() { echo "[chainer-ab] $*"; }
+
+ls $L/chainer-1.24.0-*.whl $D/pb020.tar $D/filelock-*.whl >/dev/null || { say "carry .device/legacy and .device/run24"; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+say "$($PY --version) at $(command -v $PY)"
+
+# Chainer 1.24 (its bundled CuPy v1 is the package `cupy`), numpy 1.26.4, six, platformdirs, filelock: apart,
+# first on the children's PYTHONPATH (chainer_ab.py puts --site there), shadowing this Python's numpy and CuPy.
+rm -rf "$site"
+platformdirs=$(ls $L/platformdirs-*.whl $D/platformdirs-*.whl 2>/dev/null | head -n 1)
+"$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+  $L/chainer-1.24.0-*.whl $L/numpy-1.26.4-*.whl $L/six-*.whl $platformdirs $D/filelock-*.whl || exit 2
+
+# cuBLAS/cuRAND of CUDA 13 for the bundled CuPy (as tests/legacy/run_gpu.sh)
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+
+# nvcc 11.2 (knows up to sm_86), called as `nvcc` through chainer_ab.py's logging wrapper
+nvcc112=${LEGACY_NVCC112:-/tmp/tk/nvcc112/bin/nvcc112}
+if [ ! -x "$nvcc112" ]; then
+  [ -f .device/nvcc112.tar.xz ] || { say "carry .device/nvcc112.tar.xz"; exit 2; }
+  mkdir -p /tmp/tk && tar -xJf .device/nvcc112.tar.xz -C /tmp/tk || exit 2
+  nvcc112=/tmp/tk/nvcc112/bin/nvcc112
+fi
+
+# ptxbackend 0.2.0, the baseline tree
+rm -rf /tmp/pb020 && mkdir -p /tmp/pb020 && tar -xf $D/pb020.tar -C /tmp/pb020 || exit 2
+say "setup done in ${SECONDS}s"
+
+nvcc13=/usr/local/cuda/bin/nvcc
+[ -x "$nvcc13" ] || nvcc13=$(command -v nvcc)
+budget=$((225 - SECONDS))
+# CHAINER_AB_EXTRA: more arguments, e.g. --dry-run to check the setup on a machine without a GPU
+timeout 260 "$PY" benchmarks/chainer_ab.py --site "$site" --nvcc112 "$nvcc112" --nvcc13 "$nvcc13" \
+  --tree 0.2.0=/tmp/pb020 --tree now="$PWD" --stock13 --rounds 5 --budget-s "$budget" --child-timeout 120 \
+  --out "$OUT/chainer-ab" ${CHAINER_AB_EXTRA:-} > "$OUT/chainer-ab.log" 2>&1
+echo "rc=$? after ${SECONDS}s"
+grep -E "^(toolkit|check|round|budget)" "$OUT/chainer-ab.log" | cut -c1-300
+cat "$OUT/chainer-ab/summary.md" 2>/dev/null || tail -n 40 "$OUT/chainer-ab.log"
