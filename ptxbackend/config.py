@@ -95,12 +95,12 @@ KNOBS = {
 
 # Variables the compilers read that change what they produce: part of every request's key.  The
 # second line are those nvcc.profile appends to (``INCLUDES += ...``: the environment's value comes
-# first), which tests/test_dependency_sets.py checks against real nvcc.profile files; nvcc honours
-# SOURCE_DATE_EPOCH for __DATE__ and __TIME__.
+# first), which tests/test_dependency_sets.py checks against real nvcc.profile files.  SOURCE_DATE_EPOCH
+# (nvcc's __DATE__) is not here: a dependency set records the date a compile wrote (depsets.py).
 NVCC_ENVIRONMENT = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH",
                     "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH",
                     "INCLUDES", "SYSTEM_INCLUDES", "LIBRARIES", "CUDAFE_FLAGS", "NVVM_FLAGS", "PTXAS_FLAGS",
-                    "OCG_FLAGS", "NVLINK_FLAGS", "CICC_PATH", "NVVMIR_LIBRARY_DIR", "SOURCE_DATE_EPOCH")
+                    "OCG_FLAGS", "NVLINK_FLAGS", "CICC_PATH", "NVVMIR_LIBRARY_DIR")
 
 _file_cache = {}
 _settings_cache = {}

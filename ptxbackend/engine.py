@@ -133,7 +133,7 @@ def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, e
     search = comp.search_path(request.path_options, name, request.options) + list(extra_system)
     built = depsets.build(inputs, search, list(comp.identity.system_dirs) + list(extra_system),
                           request.path_options.named_dirs + environment_include_dirs(), source, started,
-                          comp.source_directory(name, request.options))
+                          comp.source_directory(name, request.options), comp.dates_from_epoch)
     producer = comp.identity.producer
     artifact = Artifact(image, chosen.output_kind, chosen, producer, key, entry, False, reason, cc, store)
     artifact.deps = built.section

@@ -58,6 +58,14 @@ def _name_with_directory(tmp):
             lambda: _write(tmp / "src" / "val.h", "#define VAL 2.0f\n"))
 
 
+def _shadowed_beside_the_named_source(tmp):
+    """NVRTC looks beside the program's name before the include path: a new header there wins."""
+    (tmp / "src").mkdir()
+    _write(tmp / "inc" / "val.h", "#define VAL 1.0f\n")
+    return ('#include "val.h"\n' + KERNEL, ["-I", str(tmp / "inc")], "src/k.cu", {},
+            lambda: _write(tmp / "src" / "val.h", "#define VAL 2.0f\n"))
+
+
 def _no_source_include(tmp):
     _write(tmp / "val.h", "#define VAL 5.0f\n")  # what a scan of the working directory would take
     _write(tmp / "inc" / "val.h", "#define VAL 1.0f\n")
@@ -151,6 +159,7 @@ ROWS = [
     ("comment-in-directive", ("nvcc13", "nvrtc117"), _comment_in_directive),
     ("line-splice-in-directive", ("nvcc13", "nvrtc117"), _line_splice),
     ("name-with-directory", ("nvrtc117",), _name_with_directory),
+    ("shadowed-beside-the-named-source", ("nvrtc117",), _shadowed_beside_the_named_source),
     ("no-source-include", ("nvrtc117",), _no_source_include),
     ("shadowed-earlier-on-the-path", ("nvcc13", "nvrtc117"), _shadowed_on_the_path),
     ("shadowed-in-a-subdirectory", ("nvcc13", "nvrtc117"), _shadowed_in_a_subdirectory),
@@ -298,11 +307,25 @@ def test_date_is_part_of_the_hit_and_time_is_never_cached(nvcc13, tmp_path, monk
              'for (int i = 0; i < 11; ++i) y[i] = d[i]; }\n')
     assert not ptxbackend.compile(dated, target="compute_75").cache_hit
     assert ptxbackend.compile(dated, target="compute_75").cache_hit
-    monkeypatch.setattr(depsets, "today", lambda: "Jan 01 2099")
+    monkeypatch.setattr(depsets, "today", lambda from_epoch=False: "Jan 01 2099")
     assert not ptxbackend.compile(dated, target="compute_75").cache_hit  # another day: compiled again
     timed = dated.replace("__DATE__", "__TIME__")
     assert not ptxbackend.compile(timed, target="compute_75").cache_hit
     assert not ptxbackend.compile(timed, target="compute_75").cache_hit
+
+
+@pytest.mark.toolkit
+def test_nvrtc_writes_the_clock_date_whatever_source_date_epoch_says(nvrtc117, monkeypatch):
+    """NVRTC ignores SOURCE_DATE_EPOCH (nvcc honours it): with it set, a new day is still a miss."""
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc117)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1500000000")
+    dated = ('extern "C" __global__ void k(char* y) { const char d[] = __DATE__; '
+             'for (int i = 0; i < 11; ++i) y[i] = d[i]; }\n')
+    assert not ptxbackend.compile(dated, target="compute_75", compiler="nvrtc").cache_hit
+    assert ptxbackend.compile(dated, target="compute_75", compiler="nvrtc").cache_hit
+    real = time.localtime
+    monkeypatch.setattr(depsets.time, "localtime", lambda *a: real(time.time() + 86400 * 40))
+    assert not ptxbackend.compile(dated, target="compute_75", compiler="nvrtc").cache_hit
 
 
 @pytest.mark.toolkit

@@ -82,7 +82,8 @@ class Built(object):
 
 
 # -- building ------------------------------------------------------------------------------------
-def build(paths, search_dirs, system_dirs, user_dirs, source, started=None, source_dir=None):
+def build(paths, search_dirs, system_dirs, user_dirs, source, started=None, source_dir=None,
+          date_from_epoch=False):
     """The set for a compile that read ``paths`` looking in ``search_dirs`` (in order).
 
     ``system_dirs`` are the toolkit's and host compiler's own directories;
@@ -114,7 +115,9 @@ def build(paths, search_dirs, system_dirs, user_dirs, source, started=None, sour
     if present:
         body["present"] = sorted(present)
     if any(f.dated for f in facts):
-        body["date"] = today()
+        body["date"] = today(date_from_epoch)
+        if date_from_epoch:
+            body["date_from_epoch"] = True
     if not files and not absent and not present and not body.get("date"):
         return Built(None, None, volatile)
     blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
@@ -151,9 +154,10 @@ def _facts_of(text, digest=None):
     return found
 
 
-def today():
-    """``__DATE__`` as the compiler would write it now (``SOURCE_DATE_EPOCH`` honoured, as nvcc does)."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+def today(from_epoch=False):
+    """``__DATE__`` as a compiler writes it now: nvcc takes ``SOURCE_DATE_EPOCH`` when it is set
+    (``from_epoch``), NVRTC (11.7, 13) the clock's date."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH") if from_epoch else None
     try:
         moment = time.gmtime(int(epoch)) if epoch else time.localtime()
     except ValueError:
@@ -280,7 +284,7 @@ def well_formed(body):
     """Whether a decoded set has the shape :func:`build` writes (bundles and the fleet bring others')."""
     def ints(values):
         return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-    if not isinstance(body, dict) or not set(body) <= {"files", "absent", "present", "date"}:
+    if not isinstance(body, dict) or not set(body) <= {"files", "absent", "present", "date", "date_from_epoch"}:
         return False
     present = body.get("present", [])
     if not isinstance(present, list) or not all(isinstance(p, str) for p in present):
@@ -297,18 +301,19 @@ def well_formed(body):
                 and isinstance(item[4], bool) and isinstance(item[5], list)
                 and all(isinstance(n, str) and n and "/" not in n for n in item[5])):
             return False
-    return isinstance(body.get("date", ""), str)
+    return isinstance(body.get("date", ""), str) and isinstance(body.get("date_from_epoch", False), bool)
 
 
 # -- checking ------------------------------------------------------------------------------------
 class _Parsed(object):
-    __slots__ = ("files", "absent", "present", "date", "watch", "absolute")
+    __slots__ = ("files", "absent", "present", "date", "date_from_epoch", "watch", "absolute")
 
     def __init__(self, body):
         self.files = [tuple(item) for item in body["files"]]
         self.absent = [tuple(item[:5]) + (tuple(item[5]),) for item in body["absent"]]
         self.present = body.get("present", ())
         self.date = body.get("date")
+        self.date_from_epoch = bool(body.get("date_from_epoch"))
         watch = set(item[0] for item in self.absent)
         watch.update(os.path.dirname(path) or os.curdir for path in self.present)
         watch.update(os.path.dirname(item[0]) or os.curdir for item in self.files)
@@ -379,7 +384,7 @@ def _parse(section, load):
 
 
 def _check(parsed, complete, missing_ok):
-    if parsed.date is not None and parsed.date != today():
+    if parsed.date is not None and parsed.date != today(parsed.date_from_epoch):
         return False
     for item in parsed.files:
         if not complete and item[8]:

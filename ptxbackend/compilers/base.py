@@ -231,6 +231,8 @@ class Compiler(object):
     makes_fatbins = False
     #: environment variables that change what it produces (part of every request's key)
     environment = ()
+    #: whether ``__DATE__`` comes from ``SOURCE_DATE_EPOCH`` when that is set
+    dates_from_epoch = False
 
     def __init__(self, identity):
         self.identity = identity

@@ -255,6 +255,7 @@ class NvccCompiler(Compiler):
     kind = "nvcc"
     makes_fatbins = True
     environment = NVCC_ENVIRONMENT
+    dates_from_epoch = True
 
     def __init__(self, identity):
         super(NvccCompiler, self).__init__(identity)
