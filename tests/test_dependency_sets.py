@@ -517,3 +517,45 @@ def test_cupy14_headers_cost_a_hit_little_and_an_entry_stays_small(nvcc13, tmp_p
     assert len(blob) - len(art.image) <= 2048
     depset = json.loads(art.store.load_depset(art.deps.decode("ascii")).decode("ascii"))
     assert 100 < len(depset["files"]) < 400  # nvcc's own list (252 with CuPy 14.2), not a scan's ~1,000
+
+
+# -- the list of files nvcc read, without a second preprocessing pass -----------------------------
+
+@pytest.mark.toolkit
+@pytest.mark.parametrize("compiler", ["nvcc13", "nvcc112"])
+def test_the_host_preprocessor_lists_what_nvcc_would(compiler, request, tmp_path):
+    """nvcc's own -MD runs the host preprocessor once more; -Xcompiler -MD writes the same list as a
+    side effect of the pass nvcc runs anyway."""
+    from ptxbackend.compilers.nvcc import NvccCompiler, probe_nvcc
+    from ptxbackend.compilers.options import read_path_options
+    from ptxbackend.targets import parse_target
+    comp = NvccCompiler(probe_nvcc(request.getfixturevalue(compiler)))
+    _write(tmp_path / "inc" / "my header.h", "#define VAL 1.0f\n")
+    _write(tmp_path / "inc" / "val.h", '#include "my header.h"\n')
+    source, options = "#include <val.h>\n" + KERNEL, ["-I", str(tmp_path / "inc")]
+    target = parse_target("compute_75")
+    assert comp._host_can_list(target, read_path_options(options), str(tmp_path / "out.d"))
+    by_host = []
+    comp.compile(source, options, target, "k.cu", by_host)
+    real = comp._host_can_list
+    comp._host_can_list = lambda *a: False
+    by_nvcc = []
+    comp.compile(source, options, target, "k.cu", by_nvcc)
+    comp._host_can_list = real
+    assert set(by_host) == set(by_nvcc) and len(set(by_host)) > 100  # gcc may name a file twice
+    assert str(tmp_path / "inc" / "my header.h") in by_host
+
+
+@pytest.mark.toolkit
+def test_a_host_compiler_that_writes_no_list_falls_back_to_nvccs(nvcc13, tmp_path):
+    host = tmp_path / "cc"
+    # Drops -MD, -MF FILE and -MT TARGET: no list from the host.
+    _write(host, '#!/bin/bash\nargs=()\nwhile [ $# -gt 0 ]; do case "$1" in -MD) ;; -MF|-MT) shift ;; '
+                 '*) args+=("$1") ;; esac; shift; done\nexec gcc "${args[@]}"\n')
+    os.chmod(str(host), 0o755)
+    _write(tmp_path / "inc" / "val.h", "#define VAL 1.0f\n")
+    source, options = "#include <val.h>\n" + KERNEL, ["-ccbin", str(host), "-I", str(tmp_path / "inc")]
+    assert VALUE_1 in ptxbackend.compile(source, options, target="compute_75").image
+    assert ptxbackend.compile(source, options, target="compute_75").cache_hit
+    _write(tmp_path / "inc" / "val.h", "#define VAL 2.0f\n")
+    assert VALUE_2 in ptxbackend.compile(source, options, target="compute_75").image

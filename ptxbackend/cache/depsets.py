@@ -546,6 +546,7 @@ def forget():
         _absent_memo.clear()
         _facts_memo.clear()
         _realpaths.clear()
+        _classified.clear()
 
 
 # -- whose headers -------------------------------------------------------------------------------
@@ -556,17 +557,28 @@ def split_system(paths, system_dirs, user_dirs):
     Paths are compared as spelt and with links resolved, both sides: a toolkit reached through a
     link (``/usr/local/cuda``) or installed as a tree of links is still the toolkit.
     """
-    system_dirs = _both_forms(system_dirs)
-    user_dirs = _both_forms(user_dirs)
+    marker = (tuple(system_dirs), tuple(user_dirs))
+    known = _classified.get(marker)
+    if known is None:
+        with _lock:
+            if len(_classified) >= 64:
+                _classified.clear()
+            known = _classified[marker] = {}
+    system_dirs = user_dirs = None
     user, system = [], []
     for path in paths:
-        forms = (os.path.abspath(path), _realpath(path))
-        if any(_under(f, d) for f in forms for d in system_dirs) \
-                and not any(_under(f, d) for f in forms for d in user_dirs):
-            system.append(path)
-        else:
-            user.append(path)
+        is_system = known.get(path)
+        if is_system is None:
+            if system_dirs is None:
+                system_dirs, user_dirs = _both_forms(marker[0]), _both_forms(marker[1])
+            forms = (os.path.abspath(path), _realpath(path))
+            is_system = known[path] = any(_under(f, d) for f in forms for d in system_dirs) \
+                and not any(_under(f, d) for f in forms for d in user_dirs)
+        (system if is_system else user).append(path)
     return user, system
+
+
+_classified = {}  # (system dirs, user dirs) -> {path: whether it is the system's}
 
 
 def _both_forms(dirs):

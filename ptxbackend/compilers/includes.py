@@ -87,3 +87,28 @@ def _prerequisites(rest):
 
 
 _INCLUDE_RE = re.compile(br'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
+
+
+def parse_make_rule(text, base_dir, target):
+    """The prerequisites of the one rule for ``target`` that a GCC-style preprocessor writes with
+    ``-MD -MF file -MT target`` (also clang): GNU make syntax, with ``\\ `` for a space, ``\\#`` for
+    ``#``, ``$$`` for ``$`` and backslash-newline between lines.  Used only where no directory on the
+    search path holds a character that syntax spells ambiguously (nvcc.py); a listed file that does
+    not exist still raises ``ValueError``."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogateescape")
+    head = target + ":"
+    if not text.startswith(head) or not text.endswith("\n"):
+        raise ValueError("the host compiler's dependency list is not one rule for %r" % target)
+    body = text[len(head):-1].replace("\\\n", " ")
+    if "\n" in body:
+        raise ValueError("the host compiler's dependency list holds more than one rule")
+    found = []
+    for token in re.findall(r"(?:\\.|[^\s\\])+", body):
+        name = re.sub(r"\\([ \t#\\])", r"\1", token).replace("$$", "$")
+        path = os.path.normpath(os.path.join(base_dir, name))
+        if not os.path.exists(path):
+            raise ValueError("the host compiler lists %r, which does not exist" % path)
+        found.append(path)
+    return found
+
