@@ -103,10 +103,14 @@ def parse_make_rule(text, base_dir, target):
     body = text[len(head):-1].replace("\\\n", " ")
     if "\n" in body:
         raise ValueError("the host compiler's dependency list holds more than one rule")
+    if "\\" in body or "$" in body:
+        names = [re.sub(r"\\([ \t#\\])", r"\1", token).replace("$$", "$")
+                 for token in re.findall(r"(?:\\.|[^\s\\])+", body)]
+    else:
+        names = body.split()  # the usual list: nothing escaped
     found = []
-    for token in re.findall(r"(?:\\.|[^\s\\])+", body):
-        name = re.sub(r"\\([ \t#\\])", r"\1", token).replace("$$", "$")
-        path = os.path.normpath(os.path.join(base_dir, name))
+    for name in names:
+        path = name if name.startswith("/") else os.path.normpath(os.path.join(base_dir, name))
         if not os.path.exists(path):
             raise ValueError("the host compiler lists %r, which does not exist" % path)
         found.append(path)
