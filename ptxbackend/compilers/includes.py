@@ -110,7 +110,7 @@ def parse_make_rule(text, base_dir, target):
         names = body.split()  # the usual list: nothing escaped
     found = []
     for name in names:
-        path = name if name.startswith("/") else os.path.normpath(os.path.join(base_dir, name))
+        path = os.path.normpath(os.path.join(base_dir, name))
         if not os.path.exists(path):
             raise ValueError("the host compiler lists %r, which does not exist" % path)
         found.append(path)
