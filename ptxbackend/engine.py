@@ -149,7 +149,8 @@ def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, e
         store.save_producer(producer, comp.identity.producer_record())
     except OSError as exc:
         store.note_unwritable(exc)  # once per store, with the lock's own failure
-    log.debug("ptxbackend: compiled %s for %s with %s", key[:12], chosen, producer)
+    log.debug("ptxbackend: compiled %s for %s with %s (key context %s)", key[:12], chosen, producer,
+              request.context)
     return artifact
 
 

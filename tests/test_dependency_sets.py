@@ -130,7 +130,7 @@ def _options_file_in_append_flags(tmp):
 
 def _host_compiler(tmp, name, value):
     path = tmp / name
-    _write(path, '#!/bin/sh\nexec gcc -DVAL=%s "$@"\n' % value)
+    _write(path, '#!/bin/sh\nexec %s -DVAL=%s "$@"\n' % (shutil.which("gcc") or "gcc", value))
     os.chmod(str(path), 0o755)
     return path
 
@@ -559,3 +559,20 @@ def test_a_host_compiler_that_writes_no_list_falls_back_to_nvccs(nvcc13, tmp_pat
     assert ptxbackend.compile(source, options, target="compute_75").cache_hit
     _write(tmp_path / "inc" / "val.h", "#define VAL 2.0f\n")
     assert VALUE_2 in ptxbackend.compile(source, options, target="compute_75").image
+
+
+@pytest.mark.toolkit
+def test_the_default_host_compiler_retargeted_while_a_process_runs_is_seen(nvcc13, tmp_path, monkeypatch):
+    """nvcc finds `gcc` on PATH; the link is retargeted to a compiler that defines VAL otherwise."""
+    one, two = _host_compiler(tmp_path, "gcc-one", "1.0f"), _host_compiler(tmp_path, "gcc-two", "2.0f")
+    bindir = tmp_path / "hostbin"
+    bindir.mkdir()
+    os.symlink(str(one), str(bindir / "gcc"))
+    os.symlink(shutil.which("g++") or "/usr/bin/g++", str(bindir / "g++"))
+    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+    first = ptxbackend.compile(KERNEL, target="compute_75")
+    assert VALUE_1 in first.image and ptxbackend.compile(KERNEL, target="compute_75").cache_hit
+    os.unlink(str(bindir / "gcc"))
+    os.symlink(str(two), str(bindir / "gcc"))
+    second = ptxbackend.compile(KERNEL, target="compute_75")
+    assert not second.cache_hit and VALUE_2 in second.image

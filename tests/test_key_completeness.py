@@ -281,6 +281,12 @@ def test_toolkit_swapped_behind_an_unchanged_wrapper_is_seen_at_the_next_call(nv
     _write(wrapper, '#!/bin/sh\nexec "%s/bin/nvcc112" "$@"\n' % link)
     os.chmod(str(wrapper), 0o755)
     monkeypatch.setenv("PTXBACKEND_NVCC", str(wrapper))
+    import logging
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("ptxbackend").addHandler(handler)
+    monkeypatch.setenv("PTXBACKEND_LOG", "debug")
     before = ptxbackend.compile(KERNEL.replace("VAL", "1.0f"), device_cc="9.0")
     assert before.producer == "nvcc-11.2.152" and str(before.target) == "compute_86"
     # A hit first: this process has now checked the toolkit's headers and trusts them, so only the
@@ -301,7 +307,8 @@ def test_toolkit_swapped_behind_an_unchanged_wrapper_is_seen_at_the_next_call(nv
                                "print(a.producer, a.target, a.cache_hit)" % KERNEL.replace("VAL", "1.0f")],
         env=dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_LOG="debug"), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, universal_newlines=True)
-    assert proc.stdout.split() == ["nvcc-11.2.152", "compute_86", "True"], proc.stderr
+    logging.getLogger("ptxbackend").removeHandler(handler)
+    assert proc.stdout.split() == ["nvcc-11.2.152", "compute_86", "True"], (proc.stderr, records)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The on-disk format of one cache entry.
 
-Layout (little-endian), schema 3::
+Layout (little-endian), schema 4::
 
     magic      4 bytes   b"PTXB"
     schema     u16       SCHEMA_VERSION of the writer
@@ -12,7 +12,7 @@ Layout (little-endian), schema 3::
     key        64 bytes  the request key, ASCII, NUL-padded
     checksum   u32       CRC-32 of every other byte of the file
     metadata   meta_len bytes of UTF-8 JSON (an object; never pickle)
-    deps       deps_len bytes: the files the compile read (see ptxbackend.cache.deps)
+    deps       deps_len bytes: the digest of the entry's dependency set (see ptxbackend.cache.depsets)
     payload    body_len bytes: the PTX, cubin or fatbin image
 
 Every field is checked on read, and the file's size must match the header

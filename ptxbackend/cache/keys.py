@@ -1,14 +1,15 @@
 """Cache keys: what identifies a compile *request*.
 
-The key covers everything known before compiling that changes the output,
-except the compiler itself: schema version, target, output kind, options
-(relative paths made absolute), the file name the compiler sees, the host
-compiler nvcc preprocesses with, and the environment variables the compiler
-reads (``NVCC_APPEND_FLAGS``, ``CPATH`` ...).  The files a compile reads
-(headers) are not known before it runs: they are recorded in the entry and
-re-checked on every hit (see :mod:`ptxbackend.cache.deps`).  The compiler
-(the *producer*) is part of the entry's path and metadata instead, so a
-machine with no compiler can still find an entry for the same request.
+The key covers everything known before compiling that changes the output:
+schema version, target, output kind, options (relative paths made absolute,
+options files inlined), the file name the compiler sees, the host compiler
+nvcc preprocesses with, the environment variables the compiler reads
+(``NVCC_APPEND_FLAGS``, ``CPATH``, nvcc.profile's ...) and the digest of the
+toolkit's content.  The files a compile reads (headers) are not known before
+it runs: they go into the entry's dependency set (see
+:mod:`ptxbackend.cache.depsets`).  The compiler's readable name (the
+*producer*) is part of the entry's path and metadata, so a machine with no
+compiler can still find an entry for the same request.
 """
 
 import hashlib
@@ -25,7 +26,7 @@ def request_key(source, options, target, context=()):
 
     ``context`` is a tuple of strings: everything besides the source, options
     and target that decides the output (the kernel's file name, the host
-    compiler, the compiler's environment variables).
+    compiler, the compiler's environment variables, the toolkit's content).
     """
     if not isinstance(source, bytes):
         source = source.encode("utf-8")

@@ -190,9 +190,9 @@ def probe_nvcc(path):
     search_path = facts.get("PATH") or os.environ.get("PATH")
     cicc = _resolve_host(facts.get("cicc") or os.path.join(top, "nvvm", "bin", "cicc"), search_path)
     libdevice = facts.get("NVVMIR_LIBRARY_DIR") or os.path.join(top, "nvvm", "libdevice")
-    # The sentinels first: what discovery found and the real nvcc behind it (through any link, so a
-    # swapped /usr/local/cuda shows).  The rest, host compiler included, is checked by every new
-    # process and before every compile.
+    # The sentinels first: what discovery found, the real nvcc behind it (through any link, so a
+    # swapped /usr/local/cuda shows) and the host compiler (a retargeted gcc link): a stat each on every
+    # call.  The rest is checked by every new process and before every compile.
     workers = [path, os.path.join(here, "nvcc")]
     rest = [os.path.join(here, "nvcc.profile"), cicc, os.path.join(here, "ptxas"),
             os.path.join(here, "cudafe++"), os.path.join(here, "fatbinary"),
@@ -203,7 +203,7 @@ def probe_nvcc(path):
     if host:
         host_path = _resolve_host(host, search_path)
         host_identity = probe_host(host_path)
-        rest.append(host_path)
+        workers.append(host_path)
         system_dirs += host_identity.system_dirs
         host_text = host_identity.host
     files, seen = [], set()
