@@ -37,11 +37,15 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+# benchmarks/ for abrun, as the other scripts find benchutil; not the checkout's root: a stock child
+# must not be able to import ptxbackend from it.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abrun  # noqa: E402
 
 MARK = "CHAINERAB-RESULT "  # the child's one result line; anything else it prints is noise
 TARGET_COLD, TARGET_WARM = 1.05, 1.0  # ratio to the baseline tree, per kernel
@@ -75,40 +79,6 @@ WARMUP = ("float32 x", "float32 y", "y = x + 0.125f", "chainer_ab_warmup")  # no
 
 # --------------------------------------------------------------------------- the child
 
-def _dir_stats(path):
-    files = size = 0
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                size += os.lstat(os.path.join(root, name)).st_size
-                files += 1
-            except OSError:
-                pass
-    return {"files": files, "bytes": size}
-
-
-def _activate_tree(tree):
-    """What ptxbackend.pth does at start-up, from ``tree`` (see benchmarks/cupy14_ab.py).
-
-    The parent starts every child with PTXBACKEND_DISABLE=1 so that a ptxbackend installed in this
-    Python registers nothing; here that copy is forgotten, the switch turned back on, and the tree's
-    own first stage imported and installed (0.2.0 on import, later ones on install(): idempotent).
-    """
-    os.environ.pop("PTXBACKEND_DISABLE", None)
-    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "ptxbackend_watcher", False)]
-    for name in list(sys.modules):
-        if name in ("_ptxbackend_pth", "_ptxbackend_boot", "ptxbackend") or name.startswith("ptxbackend."):
-            del sys.modules[name]
-    sys.path.insert(0, tree)
-    import _ptxbackend_pth
-    _ptxbackend_pth.install()
-    return _ptxbackend_pth.__file__
-
-
-def _inside(path, tree):
-    return os.path.realpath(path).startswith(os.path.realpath(tree) + os.sep)
-
-
 def _verify(tree, pth_file):
     """Raise unless the arm is what it claims: stock untouched, or the hook from ``tree`` in charge."""
     import cupy.cuda
@@ -118,14 +88,11 @@ def _verify(tree, pth_file):
     replaced = sorted(k for k, f in functions.items() if hasattr(f, "_ptxbackend_original"))
     info = {"cupy_from": os.path.dirname(cupy.__file__), "replaced": replaced, "nvcc_on_path": shutil.which("nvcc")}
     if tree is None:
-        loaded = sorted(m for m in sys.modules if m == "ptxbackend" or m.startswith("ptxbackend."))
-        if replaced or loaded or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
-            raise SystemExit("stock arm: ptxbackend is active (replaced=%s, modules=%s)" % (replaced, loaded))
+        abrun.assert_stock(replaced)
         return info
     import ptxbackend
     from ptxbackend import cupy_integration
-    if not (_inside(pth_file, tree) and _inside(ptxbackend.__file__, tree)):
-        raise SystemExit("tree arm: hook from %s, package from %s, not from %s" % (pth_file, ptxbackend.__file__, tree))
+    abrun.assert_from_tree(tree, pth_file, ptxbackend.__file__)
     if len(replaced) != len(functions) or not cupy_integration.installed():
         raise SystemExit("tree arm: the hook did not take over CuPy v1's compile_with_cache (replaced %s): %s"
                          % (replaced, cupy_integration.status()))
@@ -160,21 +127,16 @@ def _summarise_artifacts(records):
 
 
 def _cupy_info(cupy):
-    info = {"cupy": getattr(cupy, "__version__", None) or "CuPy v1 (bundled with Chainer)"}
-    for key, get in (("driver", lambda: cupy.cuda.runtime.driverGetVersion()),
-                     ("runtime", lambda: cupy.cuda.runtime.runtimeGetVersion()),
-                     ("compute_capability", lambda: cupy.cuda.Device().compute_capability)):
-        try:
-            info[key] = get()
-        except Exception as exc:  # no GPU here (the dry run): say why instead
-            info[key] = "unavailable: %s" % (type(exc).__name__,)
-    return info
+    return abrun.probe_each({"cupy": getattr(cupy, "__version__", None) or "CuPy v1 (bundled with Chainer)"}, (
+        ("driver", lambda: cupy.cuda.runtime.driverGetVersion()),
+        ("runtime", lambda: cupy.cuda.runtime.runtimeGetVersion()),
+        ("compute_capability", lambda: cupy.cuda.Device().compute_capability)))
 
 
 def child(args):
     perf = time.perf_counter
     tree = args.child_tree or None
-    pth_file = _activate_tree(tree) if tree else None
+    pth_file = abrun.activate_tree(tree) if tree else None
     t = perf()
     import cupy
     report = {"import_cupy_s": perf() - t}
@@ -182,91 +144,34 @@ def child(args):
     if args.child == "check":  # the dry run, and the real run's check of every arm before timing
         report["kernels_built"] = len([cupy.ElementwiseKernel(*kernel_spec(i)) for i in range(args.kernels)])
         report.update(_cupy_info(cupy))
-        print(MARK + json.dumps(report))
+        abrun.emit(MARK, report)
         return
 
-    import gc
     import numpy
     records = []
     if tree:
         _probe_engine(records)
-    dirs = {"ptxbackend": os.environ["PTXBACKEND_CACHE_DIR"], "cupy": os.environ["CUPY_CACHE_DIR"],
-            "cuda_jit": os.environ["CUDA_CACHE_PATH"]}
-    t = perf()
-    # The context is made here; a copy from the host, not cupy.arange, which would compile a kernel.
-    x = cupy.asarray(numpy.linspace(-2.0, 2.0, 4096, dtype=numpy.float32))
-    y = cupy.empty_like(x)
-    cupy.cuda.runtime.deviceSynchronize()
-    report["context_s"] = perf() - t
-    t = perf()
-    cupy.ElementwiseKernel(*WARMUP)(x, y)  # the one-time costs: nvcc --version, headers, settings
-    cupy.cuda.runtime.deviceSynchronize()
-    report["warmup_s"] = perf() - t
+    dirs = abrun.cache_dirs()
+    x, y, timings = abrun.make_context(cupy, 4096, WARMUP)  # warm-up: nvcc --version among others
+    report.update(timings)
     if tree:  # 0 would mean the tree's hook reaches the engine some other way: no hit counts then
         report["probe_saw_warmup"] = len(records)
     del records[:]
-    before = {k: _dir_stats(v) for k, v in dirs.items()}
-    specs = [kernel_spec(i) for i in range(args.kernels)]
-    gc.collect()
-    each = []
-    t0 = perf()
-    for spec in specs:
-        t = perf()
-        cupy.ElementwiseKernel(*spec)(x, y)  # the first launch compiles (or finds it cached)
-        each.append(perf() - t)
-    cupy.cuda.runtime.deviceSynchronize()
-    total = perf() - t0
-    n = args.kernels
-    report.update(total_s=total, per_kernel_ms=total / n * 1e3,
-                  median_kernel_ms=statistics.median(each) * 1e3, max_kernel_ms=max(each) * 1e3,
-                  caches={k: {"before": before[k], "after": _dir_stats(v)} for k, v in dirs.items()})
+    report.update(abrun.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
     if tree:
         report["artifacts"] = _summarise_artifacts(records)
     report["y_checksum"] = float(cupy.asnumpy(y).astype(numpy.float64).sum())  # the last kernel's output
     report.update(_cupy_info(cupy))
-    print(MARK + json.dumps(report))
+    abrun.emit(MARK, report)
 
 
 # --------------------------------------------------------------------------- the parent
 
-def _tree_info(name, path):
-    path = os.path.abspath(path)
-    for need in ("_ptxbackend_pth.py", "_ptxbackend_boot.py", os.path.join("ptxbackend", "__init__.py"),
-                 os.path.join("ptxbackend", "cupy_integration.py"), os.path.join("ptxbackend", "compilers", "nvcc.py")):
-        if not os.path.isfile(os.path.join(path, need)):
-            raise SystemExit("--tree %s=%s: no %s there (give a ptxbackend source tree)" % (name, path, need))
-    info = {"name": name, "dir": path, "nvcc": "nvcc112"}
-    for source in ("_version.py", "__init__.py"):
-        try:
-            with open(os.path.join(path, "ptxbackend", source)) as f:
-                found = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
-        except OSError:
-            continue
-        if found:
-            info["version"] = found.group(1)
-            break
-    try:  # a git checkout: which commit, and whether the package differs from it
-        top = subprocess.run(["git", "-C", path, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-        if top.returncode == 0 and os.path.realpath(top.stdout.strip()) == os.path.realpath(path):
-            info["commit"] = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True,
-                                            text=True).stdout.strip()
-            dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--", "ptxbackend",
-                                    "_ptxbackend_pth.py", "_ptxbackend_boot.py"], capture_output=True, text=True)
-            info["uncommitted_files"] = len(dirty.stdout.splitlines())
-    except OSError:
-        pass
-    return info
-
-
 def _parse_arms(specs, stock13):
-    arms = []
-    for spec in specs:
-        name, eq, path = spec.partition("=")
-        if not eq or not re.fullmatch(r"[A-Za-z0-9._-]+", name) or name == STOCK \
-                or name in [a["name"] for a in arms]:
-            raise SystemExit("--tree %r: write NAME=DIR, NAME unique, of letters, digits, '.', '_', '-', "
-                             "not %r" % (spec, STOCK))
-        arms.append(_tree_info(name, path))
+    # every tree arm runs nvcc 11.2 and needs the modules the hook and find_nvcc live in
+    arms = abrun.parse_trees(specs, STOCK, needs=(os.path.join("ptxbackend", "cupy_integration.py"),
+                                                  os.path.join("ptxbackend", "compilers", "nvcc.py")),
+                             nvcc="nvcc112")
     if not arms:
         raise SystemExit("give at least one --tree NAME=DIR (the first is the baseline)")
     if stock13:
@@ -344,15 +249,12 @@ def _machine():
 
 
 def _child_env(arm, caches, log, args):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PTXBACKEND_", "CUPY_", "CUDA_CACHE_", "CHAINER_AB_"))
-           and k not in ("CUDA_PATH", "CUDA_HOME", "PYTHONPATH")}
+    # CUDA_PATH, CUDA_HOME: the nvcc first on PATH is the toolkit in use; PYTHONPATH: only the site
+    env = abrun.child_env(caches, ("PTXBACKEND_", "CUPY_", "CUDA_CACHE_", "CHAINER_AB_"),
+                          ("CUDA_PATH", "CUDA_HOME", "PYTHONPATH"))
     env["PATH"] = args.bins[arm["nvcc"]] + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = args.site
-    # Every child starts with the hook off: stock stays so, a tree arm turns on its own tree's.
-    env.update(PTXBACKEND_DISABLE="1", PYTHONDONTWRITEBYTECODE="1", HOME=caches["home"],
-               CUPY_CACHE_DIR=caches["cupy"], PTXBACKEND_CACHE_DIR=caches["ptxbackend"],
-               CUDA_CACHE_PATH=caches["cuda_jit"])
+    env["HOME"] = caches["home"]  # CuPy v1 keeps its kernel_cache under ~/.cupy too
     env[LOG_VAR] = log
     return env
 
@@ -379,62 +281,23 @@ def _nvcc_calls(log):
 
 
 def run_child(mode, arm, caches, log, args):
-    for key, path in caches.items():
-        os.makedirs(path, exist_ok=True)
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--child-tree", arm["dir"] or "",
-           "--kernels", str(args.kernels)]
-    t = time.perf_counter()
-    try:  # cwd outside every tree: the child finds ptxbackend only where it is told
-        done = subprocess.run(cmd, env=_child_env(arm, caches, log, args), cwd=tempfile.gettempdir(),
-                              capture_output=True, text=True, timeout=args.child_timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": "timed out after %d s" % args.child_timeout, "wall_s": time.perf_counter() - t,
-                "nvcc": _nvcc_calls(log)}
-    wall = time.perf_counter() - t
-    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
-    if done.returncode or not lines:
-        return {"error": "rc=%d: %s" % (done.returncode, (done.stderr + done.stdout).strip()[-2000:]), "wall_s": wall,
-                "nvcc": _nvcc_calls(log)}
-    result = json.loads(lines[-1][len(MARK):])
-    result["wall_s"] = wall
-    result["nvcc"] = _nvcc_calls(log)
-    if done.stderr.strip():  # e.g. a ptxbackend warning that CuPy took a kernel back
-        result["stderr"] = done.stderr.strip()[-2000:]
-    return result
-
-
-def _precompile(paths):
-    # Bytecode now, so that no arm's first child pays for compiling the tree's (or Chainer's) .py files.
-    subprocess.run([sys.executable, "-m", "compileall", "-q"] + [p for p in paths if os.path.exists(p)],
-                   capture_output=True)
-
-
-def _stats(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    def count_nvcc(result):  # failed children too: a timeout's nvcc processes say where it hung
+        result["nvcc"] = _nvcc_calls(log)
+    return abrun.launch(__file__, MARK, mode, arm, caches, _child_env(arm, caches, log, args), args, count_nvcc)
 
 
 def summarise(results):
     """Per arm: cold and warm ms/kernel over rounds, and each round's ratio to the baseline tree."""
-    runs, arms = results["runs"], results["arms"]
     base = results["baseline"]
-    per = {}
-    for r in runs:
-        per.setdefault((r["arm"], r["phase"]), {})[r["round"]] = r
+    per = abrun.by_arm_and_phase(results["runs"])
     out = {}
-    for arm in arms:
+    for arm in results["arms"]:
         row = {}
-        for phase in ("cold", "warm"):
+        for phase in abrun.PHASES:
             mine = per.get((arm["name"], phase), {})
-            ref = per.get((base, phase), {})
-            row[phase] = _stats([v.get("per_kernel_ms") for v in mine.values()])
-            row[phase + "_wall"] = _stats([v["wall_s"] for v in mine.values() if "error" not in v])
-            row[phase + "_ratio"] = None if arm["name"] == base else _stats(
-                [v["per_kernel_ms"] / ref[k]["per_kernel_ms"] for k, v in mine.items()
-                 if "per_kernel_ms" in v and "per_kernel_ms" in ref.get(k, {})])
-            row[phase + "_errors"] = sum("error" in v for v in mine.values())
+            row.update(abrun.phase_figures(phase, mine, per.get((base, phase), {})))
+            if arm["name"] == base:  # itself: 1.0 by definition, shown as "baseline"
+                row[phase + "_ratio"] = None
             row[phase + "_nvcc_compiles"] = [v["nvcc"]["compiles"] for _k, v in sorted(mine.items()) if "nvcc" in v]
             row[phase + "_nvcc_processes"] = [v["nvcc"]["processes"] for _k, v in sorted(mine.items()) if "nvcc" in v]
             row[phase + "_hits"] = ["%d/%d" % (v["artifacts"]["hits"], v["artifacts"]["served"])
@@ -450,17 +313,13 @@ def summarise(results):
     return out
 
 
-def _fmt(s, spec="%.3f"):
-    return "-" if not s else (spec + " (" + spec + "-" + spec + ")") % (s["median"], s["min"], s["max"])
-
-
 def render(results):
+    fmt = abrun.fmt
     summary = results["summary"]
     m = results["machine"]
     base = results["baseline"]
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(results["started"]))
     tk = results["toolkits"]
-    lines = ["# Chainer 1.24's CuPy v1 through the hook of each ptxbackend tree (%s)" % when,
+    lines = ["# Chainer 1.24's CuPy v1 through the hook of each ptxbackend tree (%s)" % abrun.started(results),
              "", "GPU: %s; Python %s; Chainer's %s (driver %s, runtime %s, compute capability %s); nvcc 11.2: %s%s; "
              "%d kernels per child; %d round(s) done%s." % (
                  m.get("gpu"), m.get("python"), m.get("cupy"), m.get("driver"), m.get("runtime"),
@@ -483,9 +342,9 @@ def render(results):
             elif arm["dir"] is None or not ratio:
                 verdicts.append("-")
             else:
-                verdicts.append("met" if ratio["median"] <= target else "**not met**")
+                verdicts.append(abrun.verdict(ratio, target))
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s / %s |" % (
-            arm["name"], _fmt(row["cold"]), _fmt(row["warm"]), _fmt(row["cold_ratio"]), _fmt(row["warm_ratio"]),
+            arm["name"], fmt(row["cold"]), fmt(row["warm"]), fmt(row["cold_ratio"]), fmt(row["warm_ratio"]),
             verdicts[0], verdicts[1], row["cold_nvcc_compiles"], row["warm_nvcc_compiles"]))
     lines.append("")
     for arm in results["arms"]:
@@ -494,13 +353,11 @@ def render(results):
             title = "%s (stock CuPy v1, no hook, `nvcc --cubin -arch sm_XX` of CUDA %s: reference only)" % (
                 arm["name"], tk.get("nvcc13", {}).get("release"))
         else:
-            title = "%s (ptxbackend %s, %s%s)" % (arm["name"], arm.get("version", "?"), arm.get("commit", arm["dir"])[:12],
-                                                 ", %d uncommitted files" % arm["uncommitted_files"]
-                                                 if arm.get("uncommitted_files") else "")
+            title = "%s (%s)" % (arm["name"], abrun.tree_label(arm))
         lines += ["## " + title, ""]
         lines.append("Child wall s: cold %s, warm %s; errors: cold %d, warm %d; nvcc processes (all kinds) cold %s, "
                      "warm %s; files CuPy's own kernel_cache gained: cold %s, warm %s." % (
-                         _fmt(row["cold_wall"], "%.1f"), _fmt(row["warm_wall"], "%.1f"), row["cold_errors"],
+                         fmt(row["cold_wall"], "%.1f"), fmt(row["warm_wall"], "%.1f"), row["cold_errors"],
                          row["warm_errors"], row["cold_nvcc_processes"], row["warm_nvcc_processes"],
                          row["cold_cupy_files"], row["warm_cupy_files"]))
         if arm["dir"] is not None:
@@ -517,16 +374,12 @@ def render(results):
 
 
 def _save(results, out):
-    results["summary"] = summarise(results)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(render(results))
+    abrun.save(results, out, summarise, render)
 
 
 def _round_arms(arms, r, stock13_rounds):
-    order = arms if r % 2 == 0 else arms[::-1]  # ABAB: the order flips every round
-    return [a for a in order if a["dir"] is not None or r < stock13_rounds]
+    # stock13 only in its first rounds: its cold child is the slowest of all
+    return [a for a in abrun.round_order(arms, r) if a["dir"] is not None or r < stock13_rounds]
 
 
 def main(argv=None):
@@ -541,16 +394,10 @@ def main(argv=None):
                    help="the real nvcc 11.2 (default /tmp/tk/nvcc112/bin/nvcc112)")
     p.add_argument("--nvcc13", default=os.environ.get("CHAINER_AB_NVCC13"),
                    help="the real CUDA 13 nvcc for stock13 (default /usr/local/cuda/bin/nvcc, else nvcc on PATH)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--kernels", type=int, default=100)
-    p.add_argument("--out", help="folder for results.json and summary.md")
-    p.add_argument("--budget-s", type=float,
-                   help="start no round that would end past this many seconds (from the longest time each arm took)")
-    p.add_argument("--child-timeout", type=int, default=150)
-    p.add_argument("--keep-caches", action="store_true", help="leave the per-arm cache folders (printed)")
-    p.add_argument("--dry-run", action="store_true", help="check arms, toolkits and hooks in a child each; no kernel")
-    p.add_argument("--child", choices=("check", "run"), help=argparse.SUPPRESS)
-    p.add_argument("--child-tree", help=argparse.SUPPRESS)
+    abrun.add_run_options(p, child_timeout=150,
+                          budget_help="start no round that would end past this many seconds (from the longest time "
+                                      "each arm took)",
+                          dry_run_help="check arms, toolkits and hooks in a child each; no kernel")
     args = p.parse_args(argv)
     if args.child:
         return child(args)
@@ -581,6 +428,9 @@ def main(argv=None):
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+_CACHES = ("cupy", "ptxbackend", "cuda_jit", "home")  # home: CuPy v1's ~/.cupy
+
+
 def _run(args, arms, scratch, t_main):
     args.bins = {"nvcc112": _make_wrapper(scratch, "nvcc112", os.path.abspath(args.nvcc112))}
     if args.stock13:
@@ -594,16 +444,12 @@ def _run(args, arms, scratch, t_main):
 
     # Each arm once, before any timing: proves every hook takes over (or stays away) and finds the
     # wrapper before the budget is spent, and warms the page cache for CuPy v1 and each tree.
-    _precompile([os.path.join(a["dir"], q) for a in arms if a["dir"]
-                 for q in ("ptxbackend", "_ptxbackend_pth.py", "_ptxbackend_boot.py")] +
-                [os.path.join(args.site, q) for q in ("cupy", "six.py", "filelock")])
+    abrun.precompile([p for a in arms if a["dir"] for p in abrun.tree_files(a["dir"])] +
+                     [os.path.join(args.site, q) for q in ("cupy", "six.py", "filelock")])
     for arm in arms:
-        caches = {k: os.path.join(scratch, "check", arm["name"], k) for k in ("cupy", "ptxbackend", "cuda_jit", "home")}
-        got = run_child("check", arm, caches, os.path.join(scratch, "check", arm["name"], "nvcc.log"), args)
-        results["checks"][arm["name"]] = got
-        print("check %-8s %s" % (arm["name"], json.dumps(got)), flush=True)
-        if "error" in got:
-            raise SystemExit("arm %s failed its check; nothing timed" % arm["name"])
+        got = run_child("check", arm, abrun.arm_caches(scratch, "check", arm, _CACHES),
+                        os.path.join(scratch, "check", arm["name"], "nvcc.log"), args)
+        abrun.record_check(results, arm, got)
         if not os.path.realpath(got["arm"]["cupy_from"]).startswith(os.path.realpath(args.site) + os.sep):
             raise SystemExit("arm %s imported cupy from %s, not from --site %s" % (arm["name"], got["arm"]["cupy_from"],
                                                                                  args.site))
@@ -613,10 +459,9 @@ def _run(args, arms, scratch, t_main):
                                                                                  want))
     first = results["checks"][arms[0]["name"]]
     results["machine"].update({k: first.get(k) for k in ("cupy", "driver", "runtime", "compute_capability")})
-    plan = [("r%d" % r, [a["name"] for a in _round_arms(arms, r, args.stock13_rounds)]) for r in range(args.rounds)]
+    plan = abrun.plan(args.rounds, lambda r: _round_arms(arms, r, args.stock13_rounds))
     if args.dry_run:
-        print("dry run: every arm checked; the real run would do, per round, cold then warm of each arm in order:",
-              json.dumps(plan))
+        abrun.print_plan(plan)
         return 0
 
     os.makedirs(args.out, exist_ok=True)
@@ -624,23 +469,19 @@ def _run(args, arms, scratch, t_main):
     spent = {}  # arm -> the longest cold + warm it took
     for r in range(args.rounds):
         todo = _round_arms(arms, r, args.stock13_rounds)
-        elapsed = time.perf_counter() - t_main
+        # stock13 runs in round 0 only: estimate each arm from its own past, not from the longest round
         estimate = sum(spent.get(a["name"], max(spent.values() or [0])) for a in todo)
-        if args.budget_s and r and elapsed + estimate > args.budget_s:
-            results["stopped_by_budget"] = True
-            print("budget: round %d would end near %.0f s of %.0f s; stopping" % (r, elapsed + estimate, args.budget_s))
+        if abrun.over_budget(results, args.budget_s, r, time.perf_counter() - t_main, estimate):
             break
         for arm in todo:
-            caches = {k: os.path.join(scratch, "r%d" % r, arm["name"], k) for k in ("cupy", "ptxbackend", "cuda_jit", "home")}
+            caches = abrun.arm_caches(scratch, "r%d" % r, arm, _CACHES)
             t_arm = time.perf_counter()
-            for phase in ("cold", "warm"):  # warm: a fresh process over what cold left
+            for phase in abrun.PHASES:
                 log = os.path.join(scratch, "r%d" % r, arm["name"], "nvcc-%s.log" % phase)
                 got = run_child("run", arm, caches, log, args)
-                got.update(arm=arm["name"], phase=phase, round=r)
-                results["runs"].append(got)
                 figure = got["error"].splitlines()[-1][:200] if "error" in got else \
                     "%.3f ms/kernel (wall %.1f s, nvcc %s)" % (got["per_kernel_ms"], got["wall_s"], got["nvcc"])
-                print("round %d %-8s %s: %s" % (r, arm["name"], phase, figure), flush=True)
+                abrun.record_run(results, got, arm, phase, r, figure)
                 _save(results, args.out)  # after every child: a run cut off by a timeout keeps its figures
             spent[arm["name"]] = max(spent.get(arm["name"], 0), time.perf_counter() - t_arm)
         results["rounds_done"] = r + 1

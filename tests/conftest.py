@@ -98,6 +98,15 @@ def nvrtc117():
     _missing("NVRTC 11.7 (pip install nvidia-cuda-nvrtc-cu11==11.7.99, or set PTXBACKEND_TEST_NVRTC)")
 
 
+@pytest.fixture(scope="session")
+def nvrtc12_pair():
+    """Two patch levels of NVRTC 12.0 (nvidia-cuda-nvrtc-cu12 12.0.76 and 12.0.140), unpacked by CI."""
+    found = [os.environ.get("PTXBACKEND_TEST_NVRTC12_76"), os.environ.get("PTXBACKEND_TEST_NVRTC12_140")]
+    if not all(p and os.path.isdir(p) for p in found):
+        _missing("NVRTC 12.0.76 and 12.0.140 (PTXBACKEND_TEST_NVRTC12_76 / _140: their lib directories)")
+    return found
+
+
 @pytest.fixture
 def logging_nvcc(tmp_path, nvcc13):
     """An nvcc that appends each invocation to a log before running the real one.

@@ -9,7 +9,6 @@ the compile works and is cached.  Then the costs: a CuPy-14-sized set is checked
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -20,8 +19,7 @@ import ptxbackend
 from ptxbackend import engine
 from ptxbackend.cache import depsets
 from ptxbackend.config import NVCC_ENVIRONMENT
-from conftest import run_python
-from test_key_completeness import KERNEL, _comparable, _direct, _use, _write, nvrtc12_pair  # noqa: F401
+from test_key_completeness import KERNEL, _write, run_row
 
 VALUE_1, VALUE_2 = b"1065353216", b"1073741824"  # 1.0f and 2.0f as PTX writes them
 
@@ -178,28 +176,7 @@ CASES = [pytest.param(row, comp, id="%s-%s" % (row[0], comp)) for row in ROWS fo
 @pytest.mark.toolkit
 @pytest.mark.parametrize("row,compiler", CASES)
 def test_changed_input_is_a_miss_with_the_bytes_of_a_direct_run(row, compiler, request, tmp_path, monkeypatch):
-    path = request.getfixturevalue(compiler)
-    kind = _use(monkeypatch, compiler, path)
-    monkeypatch.setattr(depsets, "RACY_SECONDS", 0.0)
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(str(work))  # NVRTC's quoted includes start from the working directory
-    source, options, name, env, change = row[2](work)
-
-    def build():
-        for var, value in env.items():
-            monkeypatch.setenv(var, value)
-        return ptxbackend.compile(source, options, target="compute_75", compiler=kind, name=name)
-
-    first = build()
-    assert build().cache_hit  # unchanged inputs: a hit
-    change()
-    second = build()
-    assert not second.cache_hit, "a changed input was served from the cache"
-    direct = _direct(kind, path, source, options, name, str(work), dict(os.environ, **env))
-    assert _comparable(second.image) == direct
-    assert second.image != first.image
-    assert build().cache_hit  # and the new result is kept
+    run_row(row, compiler, request, tmp_path, monkeypatch)
 
 
 # -- the toolkit at the same version -------------------------------------------------------------

@@ -148,11 +148,17 @@ def _use(monkeypatch, compiler, path):
 @pytest.mark.toolkit
 @pytest.mark.parametrize("row,compiler", CASES)
 def test_changed_input_is_a_miss_with_the_bytes_of_a_direct_run(row, compiler, request, tmp_path, monkeypatch):
+    run_row(row, compiler, request, tmp_path, monkeypatch)
+
+
+def run_row(row, compiler, request, tmp_path, monkeypatch):
+    """Compile, change the row's input, compile again: a miss with a direct run's bytes, then a hit."""
     path = request.getfixturevalue(compiler)
     kind = _use(monkeypatch, compiler, path)
     monkeypatch.setattr(deps, "RACY_SECONDS", 0.0)
     work = tmp_path / "work"
     work.mkdir()
+    monkeypatch.chdir(str(work))  # NVRTC's quoted includes start from the working directory
     source, options, name, env, change = row[2](work)
 
     def build():
@@ -309,16 +315,6 @@ def test_toolkit_swapped_behind_an_unchanged_wrapper_is_seen_at_the_next_call(nv
         stderr=subprocess.PIPE, universal_newlines=True)
     logging.getLogger("ptxbackend").removeHandler(handler)
     assert proc.stdout.split() == ["nvcc-11.2.152", "compute_86", "True"], (proc.stderr, records)
-
-
-@pytest.fixture(scope="session")
-def nvrtc12_pair():
-    """Two patch levels of NVRTC 12.0 (nvidia-cuda-nvrtc-cu12 12.0.76 and 12.0.140), unpacked by CI."""
-    found = [os.environ.get("PTXBACKEND_TEST_NVRTC12_76"), os.environ.get("PTXBACKEND_TEST_NVRTC12_140")]
-    if not all(p and os.path.isdir(p) for p in found):
-        from conftest import _missing
-        _missing("NVRTC 12.0.76 and 12.0.140 (PTXBACKEND_TEST_NVRTC12_76 / _140: their lib directories)")
-    return found
 
 
 def _install_nvrtc(lib_dir, into):

@@ -1,11 +1,7 @@
-"""Which files a compile reads: nvcc's make-style dependency list, and NVRTC's includes resolved here."""
+"""The lists of files a compile read that nvcc and the host preprocessor write (make syntax)."""
 
-import errno
 import os
 import re
-import stat as stat_module
-
-from .._fsutil import read_regular
 
 
 def parse_depfile(text, base_dir, target=None, check_exists=True):

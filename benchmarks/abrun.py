@@ -1,0 +1,359 @@
+"""What the A/B scripts (cupy14_ab.py, chainer_ab.py) share: ptxbackend source trees as arms, fresh
+child processes over their own caches, ABAB rounds under a budget, and medians over rounds.
+
+Both halves live here: the child side (activating a tree's hook, timing kernels) runs in a fresh
+process that must not import ptxbackend before the tree's own copy is on sys.path, so this module
+imports nothing beyond the standard library.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# The files a ptxbackend source tree is made of: what it must have, what is byte-compiled ahead of
+# the timed children, and what "uncommitted" counts in a git checkout.
+TREE_FILES = ("ptxbackend", "_ptxbackend_pth.py", "_ptxbackend_boot.py")
+_TREE_NEEDS = ("_ptxbackend_pth.py", "_ptxbackend_boot.py", os.path.join("ptxbackend", "__init__.py"))
+_HOOK_MODULES = ("_ptxbackend_pth", "_ptxbackend_boot", "ptxbackend")
+PHASES = ("cold", "warm")  # warm: a second fresh process over what cold left
+
+
+# --------------------------------------------------------------------------- the child
+
+def dir_stats(path):
+    files = size = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.lstat(os.path.join(root, name)).st_size
+                files += 1
+            except OSError:  # a cache may drop a temporary file while it is walked
+                pass
+    return {"files": files, "bytes": size}
+
+
+def activate_tree(tree):
+    """What ptxbackend.pth does at start-up, from ``tree``; returns the first stage's file.
+
+    The parent starts every child with PTXBACKEND_DISABLE=1 so that a ptxbackend installed in this
+    Python (an editable install's .pth, say) registers nothing; here that copy is forgotten, the
+    switch is turned back on, and the tree's own first stage is imported and installed.  0.2.0's
+    module installs itself on import; later ones on install(); install() is idempotent in both.
+    """
+    os.environ.pop("PTXBACKEND_DISABLE", None)
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "ptxbackend_watcher", False)]
+    for name in list(sys.modules):
+        if name in _HOOK_MODULES or name.startswith("ptxbackend."):
+            del sys.modules[name]
+    sys.path.insert(0, tree)
+    import _ptxbackend_pth
+    _ptxbackend_pth.install()
+    return _ptxbackend_pth.__file__
+
+
+def inside(path, tree):
+    return os.path.realpath(path).startswith(os.path.realpath(tree) + os.sep)
+
+
+def assert_stock(replaced):
+    """Raise if anything of ptxbackend is active in a stock arm's child (``replaced``: what the hook took)."""
+    loaded = sorted(m for m in sys.modules if m == "ptxbackend" or m.startswith("ptxbackend."))
+    if replaced or loaded or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
+        raise SystemExit("stock arm: ptxbackend is active (replaced=%s, modules=%s)" % (replaced, loaded))
+
+
+def assert_from_tree(tree, pth_file, package_file):
+    """Raise unless hook and package both came from ``tree``: an installed copy would time the wrong code."""
+    if not (inside(pth_file, tree) and inside(package_file, tree)):
+        raise SystemExit("tree arm: hook from %s, package from %s, not from %s" % (pth_file, package_file, tree))
+
+
+def probe_each(info, getters):
+    """``info[key] = get()`` for each pair; a failure is recorded instead, so that a dry run without a
+    GPU still reports what it could."""
+    for key, get in getters:
+        try:
+            info[key] = get()
+        except Exception as exc:  # no GPU here (the dry run): say why instead
+            info[key] = "unavailable: %s" % (type(exc).__name__,)
+    return info
+
+
+def cache_dirs():
+    """The child's three caches, as the parent set them (see child_env)."""
+    return {"ptxbackend": os.environ["PTXBACKEND_CACHE_DIR"], "cupy": os.environ["CUPY_CACHE_DIR"],
+            "cuda_jit": os.environ["CUDA_CACHE_PATH"]}
+
+
+def make_context(cupy, size, warmup):
+    """Input and output arrays on the device, then one kernel; (x, y, their timings) for the report.
+
+    Both kept out of the timed kernels: the context, and the one-time costs of a first kernel (the
+    compiler's start-up, headers, ptxbackend's settings) that every arm pays once per process.
+    """
+    perf = time.perf_counter
+    t = perf()
+    import numpy
+    # The context is made here; a copy from the host, not cupy.arange, which would compile a kernel.
+    x = cupy.asarray(numpy.linspace(-2.0, 2.0, size, dtype=numpy.float32))
+    y = cupy.empty_like(x)
+    cupy.cuda.runtime.deviceSynchronize()
+    timings = {"context_s": perf() - t}
+    t = perf()
+    cupy.ElementwiseKernel(*warmup)(x, y)
+    cupy.cuda.runtime.deviceSynchronize()
+    timings["warmup_s"] = perf() - t
+    return x, y, timings
+
+
+def time_kernels(cupy, x, y, specs, dirs):
+    """Create and launch each ``cupy.ElementwiseKernel(*spec)`` once, synchronise; the figures a child reports.
+
+    The caches are measured before and after, so that a warm child can be shown to have added nothing.
+    """
+    perf = time.perf_counter
+    import gc
+    before = {k: dir_stats(v) for k, v in dirs.items()}
+    specs = list(specs)
+    gc.collect()  # not inside the timed loop
+    each = []
+    t0 = perf()
+    for spec in specs:
+        t = perf()
+        cupy.ElementwiseKernel(*spec)(x, y)  # the first launch compiles (or finds it cached)
+        each.append(perf() - t)
+    cupy.cuda.runtime.deviceSynchronize()
+    total = perf() - t0
+    n = len(specs)
+    return {"total_s": total, "per_kernel_ms": total / n * 1e3, "median_kernel_ms": statistics.median(each) * 1e3,
+            "max_kernel_ms": max(each) * 1e3,
+            "caches": {k: {"before": before[k], "after": dir_stats(v)} for k, v in dirs.items()}}
+
+
+def emit(mark, report):
+    print(mark + json.dumps(report))
+
+
+# --------------------------------------------------------------------------- the parent: arms
+
+def tree_info(name, path, needs=(), **fields):
+    """The arm for ``--tree NAME=DIR``: checked to be a ptxbackend tree, with its version and commit.
+
+    ``needs``: files the script relies on beyond every tree's; ``fields``: the script's own keys, kept
+    right after name and dir as the scripts have always written them.
+    """
+    path = os.path.abspath(path)
+    for need in _TREE_NEEDS + tuple(needs):
+        if not os.path.isfile(os.path.join(path, need)):
+            raise SystemExit("--tree %s=%s: no %s there (give a ptxbackend source tree)" % (name, path, need))
+    info = {"name": name, "dir": path}
+    info.update(fields)
+    for source in ("_version.py", "__init__.py"):  # 0.2.0 has no _version.py
+        try:
+            with open(os.path.join(path, "ptxbackend", source)) as f:
+                found = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
+        except OSError:
+            continue
+        if found:
+            info["version"] = found.group(1)
+            break
+    try:  # a git checkout: which commit, and whether the package differs from it
+        top = subprocess.run(["git", "-C", path, "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode == 0 and os.path.realpath(top.stdout.strip()) == os.path.realpath(path):
+            info["commit"] = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True,
+                                            text=True).stdout.strip()
+            dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--"] + list(TREE_FILES),
+                                   capture_output=True, text=True)
+            info["uncommitted_files"] = len(dirty.stdout.splitlines())
+    except OSError:
+        pass
+    return info
+
+
+def parse_trees(specs, reserved, needs=(), **fields):
+    """The tree arms of ``--tree NAME=DIR`` options; ``reserved`` is the name of the script's stock arm."""
+    arms = []
+    for spec in specs:
+        name, eq, path = spec.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z0-9._-]+", name) or name == reserved \
+                or name in [a["name"] for a in arms]:
+            raise SystemExit("--tree %r: write NAME=DIR, NAME unique, of letters, digits, '.', '_', '-', "
+                             "not %r" % (spec, reserved))
+        arms.append(tree_info(name, path, needs, **fields))
+    return arms
+
+
+def tree_files(tree):
+    return [os.path.join(tree, p) for p in TREE_FILES]
+
+
+def precompile(paths):
+    # Bytecode now, so that no arm's first child pays for compiling the tree's (or a site's) .py files.
+    subprocess.run([sys.executable, "-m", "compileall", "-q"] + [p for p in paths if os.path.exists(p)],
+                   capture_output=True)
+
+
+# --------------------------------------------------------------------------- the parent: children
+
+def arm_caches(scratch, stage, arm, kinds=("cupy", "ptxbackend", "cuda_jit")):
+    """Cache folders of one arm in one stage ("check", "r0", ...): never shared, so cold is really cold."""
+    return {k: os.path.join(scratch, stage, arm["name"], k) for k in kinds}
+
+
+def child_env(caches, drop_prefixes, drop_names):
+    """os.environ without what would change the arms' settings, plus the hook off and the child's caches."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop_prefixes) and k not in drop_names}
+    # Every child starts with the hook off: stock stays so, a tree arm turns on its own tree's.
+    env.update(PTXBACKEND_DISABLE="1", PYTHONDONTWRITEBYTECODE="1", CUPY_CACHE_DIR=caches["cupy"],
+               PTXBACKEND_CACHE_DIR=caches["ptxbackend"], CUDA_CACHE_PATH=caches["cuda_jit"])
+    return env
+
+
+def launch(script, mark, mode, arm, caches, env, args, annotate=None):
+    """Run ``script --child MODE`` for ``arm``; its result line as a dict, or {"error": ...}.
+
+    ``annotate(result)`` adds the script's own figures to every outcome, failed ones included, right
+    after wall_s (results.json keeps its key order).
+    """
+    annotate = annotate or (lambda result: None)
+    for path in caches.values():
+        os.makedirs(path, exist_ok=True)
+    cmd = [sys.executable, os.path.abspath(script), "--child", mode, "--child-tree", arm["dir"] or "",
+           "--kernels", str(args.kernels)]
+    t = time.perf_counter()
+    try:  # cwd outside every tree: the child finds ptxbackend only where it is told
+        done = subprocess.run(cmd, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True,
+                              timeout=args.child_timeout)
+    except subprocess.TimeoutExpired:
+        result = {"error": "timed out after %d s" % args.child_timeout, "wall_s": time.perf_counter() - t}
+        annotate(result)
+        return result
+    wall = time.perf_counter() - t
+    lines = [line for line in done.stdout.splitlines() if line.startswith(mark)]
+    if done.returncode or not lines:
+        result = {"error": "rc=%d: %s" % (done.returncode, (done.stderr + done.stdout).strip()[-2000:]), "wall_s": wall}
+        annotate(result)
+        return result
+    result = json.loads(lines[-1][len(mark):])
+    result["wall_s"] = wall
+    annotate(result)
+    if done.stderr.strip():  # e.g. a ptxbackend warning that CuPy took a kernel back
+        result["stderr"] = done.stderr.strip()[-2000:]
+    return result
+
+
+def record_check(results, arm, got):
+    """Keep and print an arm's check; stop before any timing if it failed (a broken arm wastes the budget)."""
+    results["checks"][arm["name"]] = got
+    print("check %-8s %s" % (arm["name"], json.dumps(got)), flush=True)
+    if "error" in got:
+        raise SystemExit("arm %s failed its check; nothing timed" % arm["name"])
+
+
+def record_run(results, got, arm, phase, r, figure):
+    got.update(arm=arm["name"], phase=phase, round=r)
+    results["runs"].append(got)
+    print("round %d %-8s %s: %s" % (r, arm["name"], phase, figure), flush=True)
+
+
+# --------------------------------------------------------------------------- the parent: rounds
+
+def round_order(arms, r):
+    # ABAB: the order flips every round, so that neither arm always runs on the other's leftovers.
+    return arms if r % 2 == 0 else arms[::-1]
+
+
+def plan(rounds, arms_of_round):
+    return [("r%d" % r, [a["name"] for a in arms_of_round(r)]) for r in range(rounds)]
+
+
+def print_plan(order):
+    print("dry run: every arm checked; the real run would do, per round, cold then warm of each arm in order:",
+          json.dumps(order))
+
+
+def over_budget(results, budget_s, r, elapsed, estimate):
+    """True (and said, and marked in results) when round ``r`` would end past the budget.
+
+    Round 0 always runs: a run with no figures at all would tell nothing.
+    """
+    if budget_s and r and elapsed + estimate > budget_s:
+        results["stopped_by_budget"] = True
+        print("budget: round %d would end near %.0f s of %.0f s; stopping" % (r, elapsed + estimate, budget_s))
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------- summaries
+
+def by_arm_and_phase(runs):
+    """{(arm, phase): {round: run}}: rounds pair each arm's figure with its reference's of the same round."""
+    per = {}
+    for r in runs:
+        per.setdefault((r["arm"], r["phase"]), {})[r["round"]] = r
+    return per
+
+
+def stats(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def phase_figures(phase, mine, ref):
+    """ms/kernel, child wall time, per-round ratio to ``ref`` and errors of one arm in one phase.
+
+    ``mine`` and ``ref``: {round: run}; a ratio only where both ran in the same round.
+    """
+    return {phase: stats([v.get("per_kernel_ms") for v in mine.values()]),
+            phase + "_wall": stats([v["wall_s"] for v in mine.values() if "error" not in v]),
+            phase + "_ratio": stats([v["per_kernel_ms"] / ref[k]["per_kernel_ms"] for k, v in mine.items()
+                                     if "per_kernel_ms" in v and "per_kernel_ms" in ref.get(k, {})]),
+            phase + "_errors": sum("error" in v for v in mine.values())}
+
+
+def fmt(s, spec="%.3f"):
+    return "-" if not s else (spec + " (" + spec + "-" + spec + ")") % (s["median"], s["min"], s["max"])
+
+
+def started(results):
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(results["started"]))
+
+
+def tree_label(arm):
+    return "ptxbackend %s, %s%s" % (arm.get("version", "?"), arm.get("commit", arm["dir"])[:12],
+                                    ", %d uncommitted files" % arm["uncommitted_files"]
+                                    if arm.get("uncommitted_files") else "")
+
+
+def verdict(ratio, target):
+    return "met" if ratio["median"] <= target else "**not met**"
+
+
+def save(results, out, summarise, render):
+    results["summary"] = summarise(results)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(render(results))
+
+
+def add_run_options(p, child_timeout, budget_help, dry_run_help):
+    """The options every A/B script has, after its own; their order is the order of --help."""
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--kernels", type=int, default=100)
+    p.add_argument("--out", help="folder for results.json and summary.md")
+    p.add_argument("--budget-s", type=float, help=budget_help)
+    p.add_argument("--child-timeout", type=int, default=child_timeout)
+    p.add_argument("--keep-caches", action="store_true", help="leave the per-arm cache folders (printed)")
+    p.add_argument("--dry-run", action="store_true", help=dry_run_help)
+    # how the parent starts its children (launch); not for people
+    p.add_argument("--child", choices=("check", "run"), help=argparse.SUPPRESS)
+    p.add_argument("--child-tree", help=argparse.SUPPRESS)
