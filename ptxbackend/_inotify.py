@@ -13,7 +13,6 @@ is missing (not Linux, no libc symbol, out of instances): callers fall back.
 """
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -46,7 +45,7 @@ def _functions():
     if not _libc:
         found = None
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter runs on
             init, add = libc.inotify_init1, libc.inotify_add_watch
             init.argtypes, init.restype = [ctypes.c_int], ctypes.c_int
             add.argtypes, add.restype = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32], ctypes.c_int

@@ -43,7 +43,6 @@ import threading
 import time
 
 from .._fsutil import NotARegularFile, read_regular
-from .. import _inotify
 from ..compilers.reads import UNKNOWN_READS
 
 RACY_SECONDS = 2.0
@@ -460,6 +459,7 @@ def _this_process_watcher():
     """The watcher of this process, made on first use (a forked child makes its own)."""
     pid = os.getpid()
     if not _watcher or _watcher[1] != pid:
+        from .. import _inotify  # ctypes: imported by the first check, not with the package
         with _lock:
             del _watcher[:]
             _watcher.extend([_inotify.ChangeWatcher.open(), pid])

@@ -17,7 +17,6 @@ import stat as stat_module
 import threading
 
 from .._fsutil import read_regular
-from .. import _inotify
 
 #: Starts an entry of a compile's input list that could not be told (the reason follows): such a
 #: compile's image is returned but not cached.
@@ -156,6 +155,7 @@ class OpenedFiles(object):
 
     def __enter__(self):
         if self._directories is not None:
+            from .. import _inotify  # ctypes: imported by the first compile, not with the package
             self._recorder = _inotify.OpenRecorder.start(self._directories)
         return self
 
