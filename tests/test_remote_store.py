@@ -595,6 +595,22 @@ def test_open_remote_builds_without_connecting(raw, valkey, key_file, namespace)
     assert raw.get(redis_key) == expected_value(b"0123456789abcdef0123456789abcdef", redis_key, b"kernel")
 
 
+@pytest.mark.parametrize("url", ["redis://[::1", "redis://:secret@[::1/0", "rediss://h:notaport/0"])
+def test_a_url_that_does_not_parse_turns_the_fleet_store_off_and_keeps_its_password(url, key_file):
+    """Issue 26: `redis://[::1` made urlsplit raise out of every compile; the password must not show."""
+    store, reason = open_remote(Settings(remote=url, remote_key_file=key_file))
+    assert store is None and "not a valid URL" in reason and "secret" not in reason
+
+
+@pytest.mark.toolkit
+def test_a_malformed_remote_url_never_breaks_a_compile(nvcc13, monkeypatch, key_file):
+    import ptxbackend
+    monkeypatch.setenv("PTXBACKEND_REMOTE", "redis://:secret@[::1")
+    monkeypatch.setenv("PTXBACKEND_REMOTE_KEY_FILE", key_file)
+    art = ptxbackend.compile('extern "C" __global__ void k(float* y) { y[0] = 1.0f; }\n', target="compute_75")
+    assert art.image and not art.cache_hit
+
+
 def test_opening_the_store_imports_no_redis_py(valkey, key_file, namespace):
     """A program whose kernels all hit locally must not pay for importing the client (0.1-0.2 s)."""
     code = ("import sys; from ptxbackend import engine; from ptxbackend.config import load_settings; "

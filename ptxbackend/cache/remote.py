@@ -495,8 +495,15 @@ def open_remote(settings):
     url = (getattr(settings, "remote", None) or "").strip()
     if not url:
         return None, None
-    shown = redact_url(url)
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        shown = redact_url(url)
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        parts.port  # raises for a port that is not a number in range
+    except ValueError as exc:
+        # Not echoed: an unparseable URL cannot be redacted, and it may hold the password.
+        return None, ("PTXBACKEND_REMOTE is not a valid URL (%s): write it as redis://host:6379/0, "
+                      "rediss://host:6380/0 (TLS) or unix:///run/valkey.sock" % exc)
     if scheme not in SCHEMES:
         return None, ("PTXBACKEND_REMOTE=%s has an unsupported scheme %r: use redis://, rediss:// (TLS) or "
                       "unix://" % (shown, scheme))
