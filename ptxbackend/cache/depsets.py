@@ -337,18 +337,14 @@ def fresh(section, load, complete=True, missing_ok=False):
         with _lock:
             _valid.clear()
             _owner[0] = os.getpid()
-    marker = (section, complete)
-    parsed = _sets.get(section)
-    if parsed is not None and not parsed.absolute:
-        marker = (section, complete, os.getcwd())  # relative paths mean another file elsewhere
+    parsed = _parse(section, load)  # from memory after the first time
+    if parsed is None:
+        return False
+    # Relative paths mean other files in another working directory.
+    marker = (section, complete) if parsed.absolute else (section, complete, os.getcwd())
     when = _valid.get(marker)
     if when is not None and (when == _WATCHED or time.time() - when < recheck_seconds):
         return True
-    parsed = _parse(section, load)
-    if parsed is None:
-        return False
-    if not parsed.absolute:
-        marker = (section, complete, os.getcwd())
     # Watch before checking, so that a change between the two is heard.
     watched = complete and parsed.date is None and _watch([os.path.abspath(d) for d in parsed.watch])
     if not _check(parsed, complete, missing_ok):

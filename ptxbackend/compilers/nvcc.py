@@ -352,16 +352,19 @@ class NvccCompiler(Compiler):
                     % (self.identity.version, code, name, target),
                     command=cmd, returncode=code, log=log,
                     hint=unknown_arch_hint(log, self.identity))
+            with open(output_path, "rb") as handle:
+                image = handle.read()
             if by_host and not os.path.isfile(depfile):
                 # A host compiler that did not take -MD: nvcc's own list, at the cost of its extra pass.
+                # The image is read already: this run is for the list alone.
                 by_host = False
+                output_path += ".again"
                 cmd = self.command(target, options, name, output_path)
                 cmd[-3:-3] = _dependency_flags(depfile, False)
-                code, log = self._run(cmd, workdir)
+                self._run(cmd, workdir)
             if inputs is not None:
                 inputs.extend(_read_depfile(depfile, workdir, output_path, by_host))
-            with open(output_path, "rb") as handle:
-                return handle.read()
+            return image
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 

@@ -251,17 +251,6 @@ def _failure_hint(result, log, identity):
 _uselocale = []
 
 
-class _Nothing(object):
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        return False
-
-
-_nothing = _Nothing()
-
-
 class _thread_locale_kept(object):
     """Give the calling thread its locale back after an NVRTC call.
 
@@ -402,7 +391,7 @@ class NvrtcCompiler(Compiler):
                                command=command, returncode=result)
         try:
             array = (ctypes.c_char_p * len(encoded))(*encoded)
-            with _thread_locale_kept(), (opened or _nothing):
+            with _thread_locale_kept(), (opened or OpenedFiles(None)):
                 result = library.nvrtcCompileProgram(program, len(encoded), array)
             if result != _SUCCESS:
                 log = self._log(library, program)
