@@ -307,16 +307,18 @@ def stats(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def phase_figures(phase, mine, ref):
+def phase_figures(phase, mine, ref, figure="per_kernel_ms", label=None):
     """ms/kernel, child wall time, per-round ratio to ``ref`` and errors of one arm in one phase.
 
-    ``mine`` and ``ref``: {round: run}; a ratio only where both ran in the same round.
+    ``mine`` and ``ref``: {round: run}; a ratio only where both ran in the same round.  ``figure``: which
+    of a child's per-kernel figures; ``label`` (default: the phase) prefixes the keys returned.
     """
-    return {phase: stats([v.get("per_kernel_ms") for v in mine.values()]),
-            phase + "_wall": stats([v["wall_s"] for v in mine.values() if "error" not in v]),
-            phase + "_ratio": stats([v["per_kernel_ms"] / ref[k]["per_kernel_ms"] for k, v in mine.items()
-                                     if "per_kernel_ms" in v and "per_kernel_ms" in ref.get(k, {})]),
-            phase + "_errors": sum("error" in v for v in mine.values())}
+    label = label or phase
+    return {label: stats([v.get(figure) for v in mine.values()]),
+            label + "_wall": stats([v["wall_s"] for v in mine.values() if "error" not in v]),
+            label + "_ratio": stats([v[figure] / ref[k][figure] for k, v in mine.items()
+                                     if figure in v and figure in ref.get(k, {})]),
+            label + "_errors": sum("error" in v for v in mine.values())}
 
 
 def fmt(s, spec="%.3f"):

@@ -25,6 +25,34 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
+_ids = []  # [pid, uid] of this process, forgotten in a forked child
+
+
+def _forget_ids():
+    del _ids[:]
+
+
+if hasattr(os, "register_at_fork"):  # 3.7+: a hit then makes no getpid/getuid call at all
+    os.register_at_fork(after_in_child=_forget_ids)
+
+
+def process_id():
+    """``os.getpid()``, remembered until a fork (where the interpreter can say when one happens)."""
+    if not hasattr(os, "register_at_fork"):
+        return os.getpid()
+    if not _ids:
+        _ids.extend([os.getpid(), os.getuid() if hasattr(os, "getuid") else None])
+    return _ids[0]
+
+
+def user_id():
+    """``os.getuid()``, remembered as :func:`process_id` is."""
+    if not hasattr(os, "register_at_fork"):
+        return os.getuid()
+    process_id()
+    return _ids[1]
+
+
 class NotARegularFile(CompileError):
     """An input a compile would read is a FIFO, device or directory: reading it could hang."""
 
@@ -83,7 +111,7 @@ def _check_readable(fd, path):
                          "not a regular file (mode %o)" % st.st_mode, path)
     if not hasattr(os, "getuid"):
         return st  # no POSIX owners and modes (Windows): the checksum is the only check there
-    if st.st_uid != os.getuid():
+    if st.st_uid != user_id():
         # Someone else's file in our cache was planted, whatever its checksum says.
         raise UnsafeFile(errno.EPERM, "owned by uid %d, not by you (uid %d)" % (st.st_uid, os.getuid()), path)
     if st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH):

@@ -553,3 +553,66 @@ def test_the_default_host_compiler_retargeted_while_a_process_runs_is_seen(nvcc1
     os.symlink(str(two), str(bindir / "gcc"))
     second = ptxbackend.compile(KERNEL, target="compute_75")
     assert not second.cache_hit and VALUE_2 in second.image
+
+
+# -- NVRTC's record of what it opened: one recorder per process, watches kept ---------------------
+
+@pytest.mark.toolkit
+def test_nvrtc_keeps_its_watches_between_compiles_and_sees_a_new_subdirectory(nvrtc117, tmp_path, monkeypatch):
+    """The second compile adds no watch and walks no tree (the 10-30 ms a CuPy 14 kernel paid per
+    compile); a directory created under an include root afterwards is walked and watched again, so
+    a header read from it is a dependency like any other."""
+    from ptxbackend import _inotify
+    recorder = _inotify.OpenRecorder.shared()
+    if recorder is None:
+        pytest.skip("no inotify here: NVRTC's reads come from the include scan")
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc117)
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "inc"
+    for i in range(20):
+        _write(root / ("d%d" % i) / "h.h", "// %d\n" % i)
+    _write(root / "val.h", "#define VAL 1.0f\n")
+    options = ["-I", str(root)]
+    compile_ = lambda source: ptxbackend.compile(source, options, target="compute_75", compiler="nvrtc")
+    compile_("#include <val.h>\n" + KERNEL)
+    watches = len(recorder._inotify.labels)
+    assert watches >= 21
+    walked = []
+    real_walk = sys.modules["ptxbackend.compilers.reads"].include_trees
+    monkeypatch.setattr("ptxbackend.compilers.reads.include_trees",
+                        lambda *a: walked.append(a) or real_walk(*a))
+    compile_("#include <val.h>\n// another kernel\n" + KERNEL)
+    assert walked == [] and len(recorder._inotify.labels) == watches
+    assert _inotify.OpenRecorder.shared() is recorder
+
+    _write(root / "new" / "val2.h", "#define VAL 1.0f\n")
+    source = "#include <new/val2.h>\n" + KERNEL
+    assert VALUE_1 in compile_(source).image
+    assert walked, "a directory appeared under a root: the tree must be walked again"
+    _a_new_process()
+    assert compile_(source).cache_hit
+    _write(root / "new" / "val2.h", "#define VAL 2.0f\n")
+    _a_new_process()
+    again = compile_(source)
+    assert not again.cache_hit and VALUE_2 in again.image
+
+
+@pytest.mark.toolkit
+def test_nvrtc_records_a_header_in_a_subdirectory_of_a_root_that_also_holds_a_direct_include(
+        nvrtc117, tmp_path, monkeypatch):
+    """The root's own directory is also the directory of a direct include: its subdirectories must
+    still be watched (they were not, so ``sub/inner.h`` went unrecorded and an edit to it hit)."""
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc117)
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "inc"
+    _write(root / "val.h", '#include "sub/inner.h"\n')
+    _write(root / "sub" / "inner.h", "#define VAL 1.0f\n")
+    source = "#include <val.h>\n" + KERNEL
+    compile_ = lambda: ptxbackend.compile(source, ["-I", str(root)], target="compute_75", compiler="nvrtc")
+    assert VALUE_1 in compile_().image
+    _a_new_process()
+    assert compile_().cache_hit
+    _write(root / "sub" / "inner.h", "#define VAL 2.0f\n")
+    _a_new_process()
+    again = compile_()
+    assert not again.cache_hit and VALUE_2 in again.image

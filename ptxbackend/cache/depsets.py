@@ -42,7 +42,7 @@ import re
 import threading
 import time
 
-from .._fsutil import NotARegularFile, read_regular
+from .._fsutil import NotARegularFile, process_id, read_regular
 from ..compilers.reads import UNKNOWN_READS
 
 RACY_SECONDS = 2.0
@@ -333,10 +333,10 @@ def fresh(section, load, complete=True, missing_ok=False):
     """
     if not section:
         return True
-    if _owner[0] != os.getpid() or _watcher_saw_changes():
+    if _owner[0] != process_id() or _watcher_saw_changes():
         with _lock:
             _valid.clear()
-            _owner[0] = os.getpid()
+            _owner[0] = process_id()
     parsed = _parse(section, load)  # from memory after the first time
     if parsed is None:
         return False
@@ -453,7 +453,7 @@ def _still_absent(item):
 # -- watching ------------------------------------------------------------------------------------
 def _this_process_watcher():
     """The watcher of this process, made on first use (a forked child makes its own)."""
-    pid = os.getpid()
+    pid = process_id()
     if not _watcher or _watcher[1] != pid:
         from .. import _inotify  # ctypes: imported by the first check, not with the package
         with _lock:
@@ -463,7 +463,7 @@ def _this_process_watcher():
 
 
 def _watcher_saw_changes():
-    watcher = _watcher[0] if _watcher and _watcher[1] == os.getpid() else None
+    watcher = _watcher[0] if _watcher and _watcher[1] == process_id() else None
     return watcher is not None and watcher.changed()
 
 

@@ -16,7 +16,7 @@ import threading
 from ..errors import CompileError, CompilerNotFoundError
 from .base import Compiler, CompilerIdentity, archs_from_table, file_signature, unknown_arch_hint
 from .options import read_path_options
-from .reads import OpenedFiles, include_trees, nvrtc_source_directory, scan_includes
+from .reads import OpenedFiles, nvrtc_source_directory, scan_includes
 
 __all__ = ["NVRTC_ENV", "find_nvrtc", "probe_nvrtc", "NvrtcCompiler", "nvrtc_compiler"]
 
@@ -368,13 +368,14 @@ class NvrtcCompiler(Compiler):
             scan = (source_bytes, paths.include_dirs, pre_includes, first)
             direct = scan_includes(*scan, recursive=False)
             roots = ([first] if first else []) + paths.include_dirs
-            directories, special = include_trees(roots, direct + pre_includes)
-            if special or directories is None:
-                scan_includes(*scan)
-            opened = OpenedFiles(directories)
+            opened = OpenedFiles(roots, direct + pre_includes)
+            scanned = scan_includes(*scan) if opened.scan_first else None
         image = self._compile_program(source_bytes, name, name_bytes, encoded, command, arch, kind, opened)
         if inputs is not None:
-            inputs.extend(opened.paths if opened.paths is not None else scan_includes(*scan))
+            if opened.paths is not None:
+                inputs.extend(opened.paths)
+            else:
+                inputs.extend(scanned if scanned is not None else scan_includes(*scan))
         return image
 
     def source_directory(self, name, options):
@@ -391,7 +392,7 @@ class NvrtcCompiler(Compiler):
                                command=command, returncode=result)
         try:
             array = (ctypes.c_char_p * len(encoded))(*encoded)
-            with _thread_locale_kept(), (opened or OpenedFiles(None)):
+            with _thread_locale_kept(), (opened or OpenedFiles()):
                 result = library.nvrtcCompileProgram(program, len(encoded), array)
             if result != _SUCCESS:
                 log = self._log(library, program)

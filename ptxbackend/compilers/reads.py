@@ -116,9 +116,11 @@ def include_trees(roots, files):
     directory, on its own: it may be a home directory) and the directory of each of ``files``, or
     ``None`` past :data:`WATCH_LIMIT`; and whether any of them holds a FIFO, socket or device,
     which only then makes the include scan necessary before a compile."""
-    found, seen, special = [], set(), False
-    pending = [(root, os.path.isabs(root)) for root in reversed(roots)]
-    pending += [(os.path.dirname(path) or os.curdir, False) for path in files]
+    found, seen, special = [], {}, False
+    # A stack: the files' own directories are popped last, so that one that is also under a root
+    # has been walked from there, subdirectories included.
+    pending = [(os.path.dirname(path) or os.curdir, False) for path in files]
+    pending += [(root, os.path.isabs(root)) for root in reversed(roots)]
     while pending:
         directory, recursive = pending.pop()
         try:
@@ -126,10 +128,12 @@ def include_trees(roots, files):
             entries = list(os.scandir(directory))
         except OSError:
             continue
-        if (st.st_dev, st.st_ino) in seen:
+        identity = (st.st_dev, st.st_ino)
+        if identity in seen and (seen[identity] or not recursive):
             continue  # reached twice, through a link (or a link cycle)
-        seen.add((st.st_dev, st.st_ino))
-        found.append(directory)
+        if identity not in seen:
+            found.append(directory)
+        seen[identity] = recursive
         if len(found) > WATCH_LIMIT:
             return None, special
         for entry in entries:
@@ -144,24 +148,68 @@ def include_trees(roots, files):
     return found, special
 
 
-class OpenedFiles(object):
-    """``with OpenedFiles(dirs) as opened:`` records the files opened in ``dirs`` meanwhile;
-    ``opened.paths`` is ``None`` when the record cannot be relied on (then use the scan)."""
+_walks = {}  # (roots, file directories, cwd) -> (generation, root identities, (directories, special))
 
-    def __init__(self, directories):
-        self._directories = directories
-        self._recorder = None
+
+def _identities(roots):
+    found = []
+    for root in roots:
+        try:
+            st = os.stat(root)
+            found.append((st.st_dev, st.st_ino))
+        except OSError:
+            found.append(None)
+    return found
+
+
+def _recorder():
+    from .. import _inotify  # ctypes: imported by the first compile, not with the package
+    return _inotify.OpenRecorder.shared()
+
+
+class OpenedFiles(object):
+    """``with OpenedFiles(roots, files) as opened:`` records the files opened meanwhile under the
+    include trees (see :func:`include_trees`); ``opened.paths`` is ``None`` when the record cannot be
+    relied on (then use the scan), and ``opened.scan_first`` says that the scan must run *before*
+    the compile: a tree holds a FIFO, socket or device, or could not be walked or watched at all.
+
+    The tree walk is remembered per roots while the process's recorder sees no structural change in
+    any directory it covers and each root still names the same directory; the watches stay.
+    """
+
+    def __init__(self, roots=(), files=()):
         self.paths = None
+        self.scan_first = bool(roots or files)
+        self._session = None
+        self._recorder = _recorder() if roots or files else None
+        if self._recorder is None:
+            return  # no inotify: only the scan can find a FIFO before NVRTC blocks on it
+        cwd = os.getcwd() if any(not os.path.isabs(r) for r in roots) or files else None
+        key = (tuple(roots), tuple(sorted(set(os.path.dirname(f) or os.curdir for f in files))), cwd)
+        generation = self._recorder.refresh()
+        identities = _identities(roots)
+        known = _walks.get(key)
+        if known is not None and known[0] == generation and known[1] == identities:
+            self._walk = known[2]
+        else:
+            self._walk = include_trees(roots, files)
+            with _lock:
+                if len(_walks) >= 256:
+                    _walks.clear()
+                _walks[key] = (generation, identities, self._walk)
+        self._generation = generation
+        self.scan_first = self._walk[1] or self._walk[0] is None
 
     def __enter__(self):
-        if self._directories is not None:
-            from .. import _inotify  # ctypes: imported by the first compile, not with the package
-            self._recorder = _inotify.OpenRecorder.start(self._directories)
+        directories = self._walk[0] if self._recorder is not None else None
+        if directories is not None:
+            self._session = self._recorder.begin(directories, self._generation)
         return self
 
     def __exit__(self, *exc_info):
-        if self._recorder is not None:
-            paths = self._recorder.stop()
-            if self._recorder.complete:
-                self.paths = [p for p in paths if os.path.isfile(p)]
+        if self._session is not None:
+            session = self._recorder.end(self._session)
+            self._session = None
+            if session.complete:
+                self.paths = [p for p in session.paths if os.path.isfile(p)]
         return False
