@@ -62,3 +62,47 @@ def test_cache_push_works_on_a_cache_without_dependency_sets(valkey, tmp_path, n
     proc = cli(fleet_env(valkey, tmp_path), "cache", "push")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("pushed ") and "Traceback" not in proc.stderr
+
+
+def _planted_library(directory):
+    """A file in ``directory`` that a loader would accept as a library (any bytes do for the search)."""
+    path = directory / "cudnn"
+    path.write_bytes(b"\x7fELF planted")
+    return path
+
+
+def test_a_library_name_never_resolves_to_a_file_in_the_working_directory(tmp_path, monkeypatch):
+    from ptxbackend import libwarm
+    planted = _planted_library(tmp_path)
+    monkeypatch.chdir(str(tmp_path))
+    try:
+        found = libwarm.find_library("cudnn")
+    except OSError as exc:
+        found = None
+        assert "no libcudnn.so" in str(exc)
+    assert found is None or not found.startswith(str(tmp_path)), found
+    # Named as a path, the same file is the user's choice and is taken.
+    assert libwarm.find_library("./cudnn") == str(planted)
+
+
+def test_the_wheel_search_skips_the_working_directory_python_put_first(tmp_path, monkeypatch):
+    from ptxbackend import libsearch
+    lib = tmp_path / "nvidia" / "cudnn" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudnn.so.9").write_bytes(b"\x7fELF planted")
+    monkeypatch.chdir(str(tmp_path))
+    for first in ("", str(tmp_path)):  # python -c puts '', python -m the directory itself
+        monkeypatch.setattr(sys, "path", [first] + [p for p in sys.path if p not in ("", str(tmp_path))])
+        found, _looked = libsearch.find_cuda_library("cudnn")
+        assert found is None or not found.startswith(str(tmp_path)), (first, found)
+    # The same directory as a later sys.path entry (a site directory the user added) is searched.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))] + [str(tmp_path)])
+    assert libsearch.find_cuda_library("cudnn")[0] == str(lib / "libcudnn.so.9")
+
+
+def test_warm_libs_with_a_file_of_that_name_in_the_working_directory_is_one_clear_line(tmp_path):
+    _planted_library(tmp_path)
+    env = dict(os.environ, PYTHONPATH=REPO, CWD=str(tmp_path), CUDA_PATH="", CUDA_HOME="", LD_LIBRARY_PATH="")
+    proc = cli(env, "warm", "--libs", "cudnn")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert str(tmp_path / "cudnn") not in proc.stdout + proc.stderr
