@@ -106,3 +106,122 @@ def test_warm_libs_with_a_file_of_that_name_in_the_working_directory_is_one_clea
     proc = cli(env, "warm", "--libs", "cudnn")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert str(tmp_path / "cudnn") not in proc.stdout + proc.stderr
+
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                                reason="planting a link of another user needs chown (root)")
+
+
+def _victim_with_old_layouts(tmp_path):
+    """A private directory of the user's own holding what `cache prune` would delete in a cache."""
+    victim = tmp_path / "victim"
+    for layout in ("v1", "v2"):
+        (victim / layout / "data").mkdir(parents=True)
+        (victim / layout / "data" / "precious").write_bytes(b"precious")
+    for path in (victim, victim / "v1", victim / "v2"):
+        os.chmod(str(path), 0o700)
+    return victim
+
+
+def _sticky(tmp_path):
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    os.chmod(str(sticky), 0o1777)
+    return sticky
+
+
+@needs_root
+def test_a_cache_root_that_is_another_users_link_is_refused_and_nothing_is_pruned(tmp_path):
+    victim = _victim_with_old_layouts(tmp_path)
+    planted = _sticky(tmp_path) / "cache"
+    os.symlink(str(victim), str(planted))
+    os.lchown(str(planted), NOBODY, NOBODY)  # another user planted it in /tmp
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(planted))
+    proc = cli(env, "cache", "prune")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "symbolic link %s, which belongs to uid %d" % (planted, NOBODY) in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert (victim / "v1" / "data" / "precious").exists() and (victim / "v2" / "data" / "precious").exists()
+    assert not (victim / "v4").exists()  # nothing was created through the link either
+    # The same link of the user's own is the user's choice: prune works and removes the old layouts.
+    os.lchown(str(planted), 0, 0)
+    proc = cli(env, "cache", "prune")
+    assert proc.returncode == 0, proc.stderr
+    assert not (victim / "v1").exists() and not (victim / "v2").exists()
+
+
+def test_old_layouts_are_removed_through_the_root_descriptor_never_through_a_link(tmp_path):
+    from ptxbackend.cache import DirectoryStore
+    outside = _victim_with_old_layouts(tmp_path)
+    root = tmp_path / "cache"
+    store = DirectoryStore(str(root))
+    (root / "v2").mkdir(mode=0o700)
+    os.symlink(str(outside / "v1" / "data"), str(root / "v2" / "data"))  # a link inside an old layout
+    os.symlink(str(outside / "v1"), str(root / "v1"))  # an old layout that is a link
+    assert store.old_layouts() == ["v2"]
+    assert store.remove_old_layouts() == ["v2"]
+    assert not (root / "v2").exists() and os.path.islink(str(root / "v1"))
+    assert (outside / "v1" / "data" / "precious").read_bytes() == b"precious"
+
+
+HOOK = "import os, _ptxbackend_pth; _ptxbackend_pth.install(); print(os.environ.get('CUDA_CACHE_PATH'))"
+
+
+def _hook_points_at(root, **env_changes):
+    """What a new interpreter's start-up hook sets CUDA_CACHE_PATH to, and its stderr lines."""
+    env = dict((k, v) for k, v in os.environ.items() if k != "CUDA_CACHE_PATH")
+    env.update(PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(root))
+    env.update(env_changes)
+    proc = subprocess.run([sys.executable, "-c", HOOK], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), proc.stderr.strip().splitlines()
+
+
+def _imported_set(root):
+    """A cache directory holding an imported driver-JIT set, private as ptxbackend makes it."""
+    (root / "driver-jit").mkdir(parents=True)
+    os.chmod(str(root), 0o700)
+    os.chmod(str(root / "driver-jit"), 0o700)
+    return root / "driver-jit"
+
+
+@pytest.mark.parametrize("how", ["root group-writable", "parent world-writable, not sticky"])
+def test_the_hook_never_points_the_driver_at_a_cache_others_can_write(tmp_path, how):
+    root = tmp_path / "shared" / "cache"
+    managed = _imported_set(root)
+    assert _hook_points_at(root) == (str(managed), [])  # valid as made: used
+    if how == "root group-writable":
+        os.chmod(str(root), 0o770)
+    else:
+        os.chmod(str(tmp_path / "shared"), 0o777)
+    pointed, stderr = _hook_points_at(root)
+    assert pointed == "None" and len(stderr) == 1 and "driver JIT cache is left at the driver's default" in stderr[0]
+
+
+@needs_root
+@pytest.mark.parametrize("how", ["cache dir of another user", "driver-jit of another user",
+                                 "another user's link as the cache dir", "XDG_CACHE_HOME of another user"])
+def test_the_hook_never_points_the_driver_at_another_users_directory(tmp_path, how):
+    theirs = tmp_path / "home-of-nobody" / "ptxbackend"  # what the other user's own cache looks like
+    managed = _imported_set(theirs)
+    os.chmod(str(tmp_path / "home-of-nobody"), 0o755)
+    env = {}
+    root = theirs
+    if how == "cache dir of another user":
+        os.chown(str(theirs), NOBODY, NOBODY)
+        os.chown(str(managed), NOBODY, NOBODY)
+    elif how == "driver-jit of another user":
+        os.chown(str(managed), NOBODY, NOBODY)
+    elif how == "another user's link as the cache dir":
+        root = _sticky(tmp_path) / "cache"
+        os.symlink(str(theirs), str(root))
+        os.lchown(str(root), NOBODY, NOBODY)
+    else:
+        os.chown(str(theirs), NOBODY, NOBODY)
+        os.chown(str(managed), NOBODY, NOBODY)
+        env = {"PTXBACKEND_CACHE_DIR": "", "XDG_CACHE_HOME": str(tmp_path / "home-of-nobody")}
+    pointed, stderr = _hook_points_at(root, **env)
+    assert pointed == "None", how
+    assert len(stderr) == 1 and ("uid %d" % NOBODY) in stderr[0]
