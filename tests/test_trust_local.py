@@ -225,3 +225,177 @@ def test_the_hook_never_points_the_driver_at_another_users_directory(tmp_path, h
     pointed, stderr = _hook_points_at(root, **env)
     assert pointed == "None", how
     assert len(stderr) == 1 and ("uid %d" % NOBODY) in stderr[0]
+
+
+# -- bundles: read front to back, sizes that are sizes, signatures first (rows 1, 6, 8; issue 26) -----------
+
+import bz2  # noqa: E402
+import gzip  # noqa: E402
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import tarfile  # noqa: E402
+import time  # noqa: E402
+
+from ptxbackend import driverjit  # noqa: E402
+from ptxbackend.cache import DirectoryStore, bundle  # noqa: E402
+from ptxbackend.cache.keys import SCHEMA_VERSION  # noqa: E402
+from ptxbackend.errors import CacheError  # noqa: E402
+from test_deploy import DEPSET, DEPSET_NAME, ENTRY_NAME, _bundle_of, _entry_bytes  # noqa: E402
+from test_driverjit import H200, KEY, _bundle, _members, _rebuild, warmed  # noqa: E402,F401
+
+
+def _manifest_of(files):
+    return {"format": bundle.BUNDLE_FORMAT, "schema": SCHEMA_VERSION,
+            "files": [{"name": n, "sha256": hashlib.sha256(d).hexdigest(), "size": len(d)} for n, d in files.items()]}
+
+
+def _header(name, size, kind=tarfile.REGTYPE):
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(format=tarfile.GNU_FORMAT)
+
+
+def _padded(data):
+    return data + b"\0" * (-len(data) % 512)
+
+
+def _import(tmp_path, path, key=None):
+    return bundle.import_bundle(DirectoryStore(str(tmp_path / "line-pc")), path, key)
+
+
+def _valid_files():
+    return {ENTRY_NAME: _entry_bytes(), DEPSET_NAME: DEPSET}
+
+
+@pytest.mark.parametrize("size", [-1, 1.5, "52", True, None])
+def test_a_manifest_size_that_is_not_a_whole_number_of_bytes_is_refused(tmp_path, size):
+    files = _valid_files()
+    manifest = _manifest_of(files)
+    manifest["files"][0]["size"] = size
+    path = str(tmp_path / "b.tar")
+    with tarfile.open(path, "w") as archive:
+        for name, data in [(bundle.MANIFEST, json.dumps(manifest).encode())] + list(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    with pytest.raises(CacheError, match="has the size"):
+        _import(tmp_path, path)
+
+
+def _raw_bundle(path, manifest_bytes, tail=b""):
+    """A plain tar whose first member is ``manifest_bytes`` (any bytes), then the valid files, then ``tail``."""
+    parts = [_header(bundle.MANIFEST, len(manifest_bytes)), _padded(manifest_bytes)]
+    for name, data in _valid_files().items():
+        parts += [_header(name, len(data)), _padded(data)]
+    with open(path, "wb") as out:
+        out.write(b"".join(parts) + tail + b"\0" * 1024)
+    return path
+
+
+@pytest.mark.parametrize("manifest", ["Infinity", "NaN", "nested"])
+def test_a_manifest_that_is_no_json_ptxbackend_writes_is_one_clear_line(tmp_path, manifest):
+    text = json.dumps(_manifest_of(_valid_files()))
+    if manifest == "nested":
+        text = "[" * 200000 + "]" * 200000  # RecursionError in json.loads
+    else:
+        text = text.replace('"size": %d' % len(_entry_bytes()), '"size": %s' % manifest, 1)
+    path = _raw_bundle(str(tmp_path / "b.tar"), text.encode())
+    with pytest.raises(CacheError, match="no valid"):
+        _import(tmp_path, path)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = cli(env, "cache", "import", path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("gpus", [[1], ["NVIDIA H200"], [{"name": "NVIDIA H200", "cc": "90"}], "H200"])
+def test_a_driver_jit_manifest_with_a_gpu_list_of_other_things_is_one_clear_error(tmp_path, warmed, gpus):
+    members = _members(_bundle(tmp_path, warmed))
+    manifest = json.loads(members[0][1])
+    manifest["gpus"] = gpus
+    raw = json.dumps(manifest).encode()
+    members[0][0].size = len(raw)
+    path = _rebuild(str(tmp_path / "gpus.tgz"), [(members[0][0], raw)] + members[1:])
+    with pytest.raises(CacheError, match="no valid"):
+        driverjit.install(path, str(tmp_path / "cache"), H200)
+
+
+def _bz2_bomb(path, gigabytes):
+    """A .tar.bz2: a valid bundle's manifest and files, then an unlisted member of ``gigabytes`` GiB of
+    zeros.  bzip2 streams concatenate, so the zeros are one small stream repeated."""
+    files = _valid_files()
+    manifest = json.dumps(_manifest_of(files)).encode()
+    head = [_header(bundle.MANIFEST, len(manifest)), _padded(manifest), _header(ENTRY_NAME, len(files[ENTRY_NAME])),
+            _padded(files[ENTRY_NAME]), _header(DEPSET_NAME, len(DEPSET)), _padded(DEPSET)]
+    size = gigabytes << 30
+    zeros = bz2.compress(bytes(64 << 20), 9)
+    with open(path, "wb") as out:
+        out.write(bz2.compress(b"".join(head) + _header(bundle.LAYOUT + "/bomb", size)))
+        for _ in range(size // (64 << 20)):
+            out.write(zeros)
+    return path
+
+
+def test_a_bz2_bomb_in_an_unlisted_member_is_refused_before_it_is_unpacked(tmp_path):
+    path = _bz2_bomb(str(tmp_path / "bomb.tar.bz2"), 21)
+    started = time.time()
+    with pytest.raises(CacheError, match="unexpected member"):
+        _import(tmp_path, path)
+    elapsed = time.time() - started
+    print("reliability: bz2 bomb: archive_bytes=%d, unpacks_to=21 GiB, refused_after_s=%.3f"
+          % (os.path.getsize(path), elapsed))
+    assert elapsed < 10  # a scan of the members first decompresses all 21 GiB: about 90 s
+
+
+def test_an_archive_that_unpacks_past_its_manifest_is_stopped_at_the_budget(tmp_path):
+    """A pax extension header of 256 MiB before a listed file: tarfile reads such a header whole, before
+    any member check could see it; the decompressed bytes are counted as they are produced."""
+    files = _valid_files()
+    manifest = json.dumps(_manifest_of(files)).encode()
+    pax = 256 << 20
+    raw = (_header(bundle.MANIFEST, len(manifest)) + _padded(manifest) + _header("pax", pax, tarfile.XHDTYPE))
+    path = str(tmp_path / "pax.tar.gz")
+    chunk = bytes(1 << 20)
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        out.write(raw)
+        for _ in range(pax >> 20):
+            out.write(chunk)
+        for name, data in files.items():
+            out.write(_header(name, len(data)) + _padded(data))
+        out.write(b"\0" * 1024)
+    with pytest.raises(CacheError, match="unpacks to more than its manifest declares"):
+        _import(tmp_path, path)
+
+
+def test_four_hundred_thousand_empty_members_are_refused_at_the_first(tmp_path):
+    """Issue 26: an archive of 400,000 empty members; a scan of all members took 31 s before the first
+    was refused.  Read in archive order, the first one that is not listed is refused."""
+    files = _valid_files()
+    manifest = json.dumps(_manifest_of(files)).encode()
+    head = _header(bundle.MANIFEST, len(manifest)) + _padded(manifest)
+    empty = _header(bundle.LAYOUT + "/nvcc-13.0.88/compute_75/ab/empty.ptx", 0)
+    path = str(tmp_path / "many.tar.gz")
+    with gzip.open(path, "wb") as out:
+        out.write(head)
+        for _ in range(400):
+            out.write(empty * 1000)
+        out.write(b"\0" * 1024)
+    started = time.time()
+    with pytest.raises(CacheError, match="unexpected member"):
+        _import(tmp_path, path)
+    elapsed = time.time() - started
+    print("reliability: 400000 empty members: archive_bytes=%d, refused_after_s=%.3f"
+          % (os.path.getsize(path), elapsed))
+    assert elapsed < 3
+
+
+def test_an_unsigned_driver_jit_bundle_is_refused_before_any_file_is_read(tmp_path, warmed):
+    # A member the manifest does not list comes first: refused for it, the check ran after the files.
+    members = _members(_bundle(tmp_path, warmed))
+    stray = tarfile.TarInfo("jit/stray")
+    stray.size = 4
+    path = _rebuild(str(tmp_path / "unsigned.tgz"), members[:1] + [(stray, b"evil")] + members[1:])
+    with pytest.raises(CacheError, match="is not signed"):
+        driverjit.install(path, str(tmp_path / "cache"), H200, key=KEY)
+    with pytest.raises(CacheError, match="unexpected member"):  # without a key: the stray member
+        driverjit.install(path, str(tmp_path / "cache"), H200)
