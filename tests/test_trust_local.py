@@ -399,3 +399,93 @@ def test_an_unsigned_driver_jit_bundle_is_refused_before_any_file_is_read(tmp_pa
         driverjit.install(path, str(tmp_path / "cache"), H200, key=KEY)
     with pytest.raises(CacheError, match="unexpected member"):  # without a key: the stray member
         driverjit.install(path, str(tmp_path / "cache"), H200)
+
+
+# -- row 1: kernel bundles signed; entries that arrived unsigned never leave; nvcc entries need their set ---
+
+OTHER_KEY = b"another fleet key, 16 bytes or more"
+
+
+def _bundle_signed_with(tmp_path, key, files=None, name="signed.tar", stray_first=False):
+    """A kernel bundle as export_bundle writes it, signed with ``key`` (``None``: unsigned)."""
+    files = files or _valid_files()
+    manifest = json.dumps(_manifest_of(files), indent=1, sort_keys=True).encode()
+    path = str(tmp_path / name)
+    with tarfile.open(path, "w") as archive:
+        members = [(bundle.MANIFEST, manifest)]
+        if key is not None:
+            members.append((bundle.SIGNATURE, archive_sign(key, manifest)))
+        if stray_first:
+            members.append((bundle.LAYOUT + "/nvcc-13.0.88/compute_75/cd/stray.ptx", b"stray"))
+        for member in members + list(files.items()):
+            bundle.add_member(archive, *member)
+    return path
+
+
+def archive_sign(key, manifest):
+    from ptxbackend.cache import archive
+    return archive.sign(key, bundle._MAC_CONTEXT, manifest)
+
+
+def test_with_a_fleet_key_only_kernel_bundles_signed_with_it_import(tmp_path):
+    assert _import(tmp_path, _bundle_signed_with(tmp_path, KEY), KEY) == (1, 0)
+    for key, why in ((None, "is not signed"), (OTHER_KEY, "signed with another key")):
+        # A stray member right after the manifest: the signature is refused first, before any file.
+        path = _bundle_signed_with(tmp_path, key, name="other.tar", stray_first=True)
+        with pytest.raises(CacheError, match=why):
+            bundle.import_bundle(DirectoryStore(str(tmp_path / "c2")), path, KEY)
+        assert not os.path.exists(str(tmp_path / "c2" / bundle.LAYOUT / "nvcc-13.0.88"))
+    # Without a key configured, an unsigned bundle imports as before.
+    assert bundle.import_bundle(DirectoryStore(str(tmp_path / "c3")), _bundle_signed_with(tmp_path, None)) == (1, 0)
+
+
+def test_export_with_a_key_is_signed_and_imports_where_the_key_is(tmp_path, nvcc13):
+    import ptxbackend
+    ptxbackend.compile(KERNEL % "signed", target="compute_75")
+    store = DirectoryStore(os.environ["PTXBACKEND_CACHE_DIR"])
+    path = str(tmp_path / "box.tgz")
+    assert bundle.export_bundle(store, path, key=KEY) == 1
+    assert bundle.import_bundle(DirectoryStore(str(tmp_path / "line-pc")), path, KEY) == (1, 0)
+
+
+def test_an_nvcc_entry_without_its_dependency_set_is_refused(tmp_path):
+    bare = _entry_bytes(deps=b"")  # the forged entry of row 1: a real key, an empty dependency list
+    with pytest.raises(CacheError, match="nvcc entry without a dependency set"):
+        _import(tmp_path, _bundle_of(tmp_path, {ENTRY_NAME: bare}, with_depset=False))
+    with pytest.raises(CacheError, match="dependency set .* is neither in the bundle nor in this cache"):
+        _import(tmp_path, _bundle_of(tmp_path, {ENTRY_NAME: _entry_bytes()}, with_depset=False))
+    assert not os.path.exists(str(tmp_path / "line-pc" / bundle.LAYOUT / "nvcc-13.0.88"))
+    # An NVRTC entry (its headers are the caller's strings) needs none.
+    nvrtc_name = ENTRY_NAME.replace("nvcc-13.0.88", "nvrtc-12.0")
+    from ptxbackend.cache import entry
+    blob = entry.encode(b"// a kernel\n", {"key": "ab" * 32, "kind": "ptx", "producer": "nvrtc-12.0"})
+    assert _import(tmp_path, _bundle_of(tmp_path, {nvrtc_name: blob}, with_depset=False)) == (1, 0)
+
+
+def _server_names(valkey, namespace):
+    import redis
+    client = redis.Redis(host="127.0.0.1", port=valkey.port, password=valkey.password)
+    return sorted(k.decode().split("/", 1)[1] for k in client.keys(namespace + ":v*"))
+
+
+def test_cache_push_never_uploads_entries_that_arrived_unsigned(valkey, tmp_path, nvcc13):
+    import ptxbackend
+    art = ptxbackend.compile(KERNEL % "own", target="compute_75")  # compiled here: pushed
+    box = os.environ["PTXBACKEND_CACHE_DIR"]
+    unsigned = _bundle_signed_with(tmp_path, None)
+    assert bundle.import_bundle(DirectoryStore(box), unsigned) == (1, 0)  # no key configured yet
+    env = fleet_env(valkey, tmp_path)
+    refused = cli(env, "cache", "import", unsigned)  # with the key configured: refused
+    assert refused.returncode == 1 and "is not signed" in refused.stderr and "Traceback" not in refused.stderr
+    proc = cli(env, "cache", "push")
+    assert proc.returncode == 0, proc.stderr
+    assert "kept 1 entries that arrived in unsigned bundles" in proc.stdout
+    names = _server_names(valkey, env["PTXBACKEND_REMOTE_NAMESPACE"])
+    assert art.name in names and ENTRY_NAME.split("/", 1)[1] not in names
+    # Nor does a signed export carry it.
+    path = str(tmp_path / "box.tgz")
+    assert bundle.export_bundle(DirectoryStore(box), path, key=KEY) == 1  # its own entry only
+    # The same bundle signed vouches for it: now it goes.
+    bundle.import_bundle(DirectoryStore(box), _bundle_signed_with(tmp_path, KEY, name="again.tar"), KEY)
+    assert cli(env, "cache", "push").returncode == 0
+    assert ENTRY_NAME.split("/", 1)[1] in _server_names(valkey, env["PTXBACKEND_REMOTE_NAMESPACE"])
