@@ -9,7 +9,8 @@ on a build box, it serves every identical line PC.
 A driver-JIT bundle is a tar (gzip) holding ``ptxbackend-driver-jit.json`` (the
 manifest: driver, GPU models, libraries, and each file's size and SHA-256), the
 files of the warmed cache under ``jit/``, and, when a fleet key is configured,
-``ptxbackend-driver-jit.sig`` (HMAC-SHA256 of the manifest under that key).
+``ptxbackend-driver-jit.sig`` (HMAC-SHA256 of the manifest under that key, the second member: an import
+where a key is configured checks it before any file is written; :mod:`ptxbackend.cache.archive`).
 
 An import never touches the driver cache a user already has: it fills
 ``<cache dir>/driver-jit/`` (a directory ptxbackend owns), replacing it whole,

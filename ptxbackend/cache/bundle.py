@@ -11,8 +11,12 @@ can check them and hit instead of compiling again.
 Import trusts nothing in the archive: only regular files of those three kinds
 are accepted (never this machine's own compiler memos), every file must match
 the manifest's checksum and be a valid entry, producer record or dependency set
-(a set's name is its content's SHA-256), and each one is written atomically,
-so a damaged bundle adds nothing half-written to the cache.
+(a set's name is its content's SHA-256), an nvcc entry must name a set the
+bundle or the cache holds, and each one is written atomically, so a damaged
+bundle adds nothing half-written to the cache.  The archive is read once, front
+to back (:mod:`.archive`).  Where a fleet key is configured, export signs the
+manifest with it and import takes only bundles signed with it; entries of an
+unsigned bundle are marked (:mod:`.provenance`) and never sent on.
 """
 
 import hashlib
@@ -31,7 +35,7 @@ from . import archive as archive_format
 from . import depsets
 from . import entry as entry_format
 from . import provenance
-from .layout import depset_name as depsets_name
+from .layout import depset_name
 from .keys import SCHEMA_VERSION
 from .store import LAYOUT
 
@@ -197,7 +201,7 @@ def _needs_dependency_set(name, data, carried, store):
         return "an nvcc entry without a dependency set (a line PC could not tell its headers changed)"
     if len(digest) != 64 or not set(digest) <= _HEX:
         return "an entry naming no dependency set (%.80r)" % digest
-    depset = posixpath.join(LAYOUT, *depsets_name(digest).split("/"))
+    depset = LAYOUT + "/" + depset_name(digest)
     if depset not in carried and (store is None or not os.path.isfile(os.path.join(store.root, *depset.split("/")))):
         return "an nvcc entry whose dependency set %s is neither in the bundle nor in this cache" % depset
     return None
