@@ -12,6 +12,7 @@ else, so the package can take :func:`disabled`, :func:`parse_size` and
 """
 
 import os
+import stat as _stat  # imported by os already: free
 import sys
 
 # The driver's maximum: cuDNN's JIT output alone is hundreds of MB, and a cache too small for a
@@ -77,6 +78,73 @@ def size_jit_cache():
         environ["CUDA_CACHE_MAXSIZE"] = str(size)
 
 
+def private_dir_problem(path):
+    """Why the directory at ``path`` must not hold what ptxbackend loads, or ``None``: it must be a
+    directory of yours that group and others cannot write (else anyone could plant files in it).
+    Follows a link at ``path`` (see :func:`parents_problem` for whose link it may be); raises
+    ``OSError`` when there is nothing at ``path``."""
+    st = os.stat(path)
+    if not _stat.S_ISDIR(st.st_mode):
+        return "cache path %s is not a directory" % path
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return ("cache directory %s belongs to uid %d, not to you (uid %d): refusing to load kernels from "
+                "it. Set PTXBACKEND_CACHE_DIR to a directory of your own." % (path, st.st_uid, os.getuid()))
+    if st.st_mode & (_stat.S_IWGRP | _stat.S_IWOTH):
+        return ("cache directory %s is writable by group or others (mode %o): refusing to load kernels "
+                "from it. Run: chmod 700 %s" % (path, st.st_mode & 0o777, path))
+    return None
+
+
+def parents_problem(path):
+    """Why someone else could replace the directory at ``path``, or ``None``.
+
+    No level of the path, ``path`` included, may be a symbolic link of another user's (anyone can plant
+    one in a sticky ``/tmp``, and its owner chooses where it points); every directory above ``path`` must
+    belong to you or root and, unless it is sticky, be writable by no one else: otherwise its owner or
+    writers could swap the whole tree between two of our steps.  OpenSSH's StrictModes checks the same.
+    """
+    if not hasattr(os, "getuid"):
+        return None
+    me = os.getuid()
+    current = os.path.abspath(path)
+    while True:
+        try:
+            link = os.lstat(current)
+        except OSError:
+            link = None
+        if link is not None and _stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+            return ("the cache at %s goes through the symbolic link %s, which belongs to uid %d (not you, "
+                    "uid %d, nor root): its owner chooses where it points. Set PTXBACKEND_CACHE_DIR to a "
+                    "directory of your own." % (path, current, link.st_uid, me))
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+        try:
+            st = os.stat(current)
+        except OSError:
+            continue
+        if st.st_uid not in (me, 0):
+            return ("the cache at %s is inside %s, which belongs to uid %d (not you, uid %d, nor root): its "
+                    "owner could replace the cache. Set PTXBACKEND_CACHE_DIR to a directory of your own."
+                    % (path, current, st.st_uid, me))
+        if st.st_mode & (_stat.S_IWGRP | _stat.S_IWOTH) and not st.st_mode & _stat.S_ISVTX:
+            return ("the cache at %s is inside %s, which group or others can write (mode %o) and is not "
+                    "sticky: they could replace the cache. Run: chmod go-w %s, or set PTXBACKEND_CACHE_DIR "
+                    "elsewhere." % (path, current, st.st_mode & 0o7777, current))
+
+
+def cache_root():
+    """The cache directory the settings name without a config file: ``$PTXBACKEND_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/ptxbackend`` or ``~/.cache/ptxbackend``."""
+    environ = os.environ
+    root = environ.get("PTXBACKEND_CACHE_DIR")
+    if not root:
+        root = os.path.join(environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                            "ptxbackend")
+    return os.path.expanduser(root)
+
+
 def use_imported_jit_cache():
     """Point the driver at the JIT cache ``ptxbackend cache import`` installed, unless the user chose one.
 
@@ -87,12 +155,16 @@ def use_imported_jit_cache():
     environ = os.environ
     if environ.get("CUDA_CACHE_PATH"):
         return
-    root = environ.get("PTXBACKEND_CACHE_DIR")
-    if not root:
-        root = os.path.join(environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-                            "ptxbackend")
-    candidate = os.path.join(os.path.expanduser(root), "driver-jit")
+    root = cache_root()
+    candidate = os.path.join(root, "driver-jit")
     if os.path.isdir(candidate):
+        # The driver reads JIT output from there into every process: the rules ptxbackend applies to
+        # its own cache (whose directory is it, who could swap it) come first, or another user's
+        # directory would serve this user's GPU code.
+        why = private_dir_problem(candidate) or parents_problem(candidate)  # the root is a parent
+        if why:
+            report("the driver JIT cache is left at the driver's default: %s" % why)
+            return
         environ["CUDA_CACHE_PATH"] = candidate
 
 

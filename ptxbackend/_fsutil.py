@@ -250,7 +250,8 @@ def exclusive_lock(path, timeout):
 # for a symlink between two steps point a deletion elsewhere; every step here is taken relative to a
 # descriptor of the cache's own directory, and no symlink is followed at any level.
 
-_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+DIRECTORY = _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+CLOEXEC = _CLOEXEC
 
 
 def open_directory(path, dir_fd=None):
@@ -260,7 +261,14 @@ def open_directory(path, dir_fd=None):
 
 def walk_files(root_fd, top):
     """Yield ``(directory_fd, relative_dir, name, stat)`` for every file below ``top`` (relative to
-    ``root_fd``), without following symlinks.  ``directory_fd`` is valid only until the next item."""
+    ``root_fd``), without following symlinks.  ``directory_fd`` is valid only until the next item.
+    A missing ``top`` yields nothing (``os.fwalk`` raises for it)."""
+    try:
+        os.stat(top, dir_fd=root_fd, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return
+        raise
     for relative_dir, _dirs, names, dir_fd in os.fwalk(top, dir_fd=root_fd, follow_symlinks=False):
         for name in names:
             try:
@@ -290,3 +298,21 @@ def unlink_beneath(root_fd, relative_path):
         os.unlink(parts[-1], dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def remove_tree_beneath(root_fd, name):
+    """Remove the directory ``name`` of ``root_fd`` and everything in it, through descriptors: a link at
+    any level is unlinked, never followed (``shutil.rmtree`` takes a ``dir_fd`` only from Python 3.8)."""
+    for _relative, dirs, files, dir_fd in os.fwalk(name, dir_fd=root_fd, topdown=False, follow_symlinks=False):
+        for entry in files + dirs:  # fwalk lists a link to a directory among the directories
+            try:
+                if stat_module.S_ISDIR(os.stat(entry, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    os.rmdir(entry, dir_fd=dir_fd)
+                else:
+                    os.unlink(entry, dir_fd=dir_fd)
+            except OSError:
+                pass
+    try:
+        os.rmdir(name, dir_fd=root_fd)
+    except OSError:
+        pass

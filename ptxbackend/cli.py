@@ -94,6 +94,8 @@ def _cmd_cache(args):
             raise PtxBackendError("cache push to %s failed: %s" % (cache.remote.description, state))
         print("pushed %d files (%.2f MiB) from %s to %s" % (files, size / 1048576.0, store.root,
                                                            cache.remote.description))
+        if cache.push_withheld:
+            print("kept %d entries that arrived in unsigned bundles here (never sent on)" % cache.push_withheld)
     elif args.action == "clear":
         store.clear()
         store.remove_old_layouts()
@@ -110,7 +112,8 @@ def _cmd_cache(args):
             print("ptxbackend: error: cache %s needs a FILE" % args.action, file=sys.stderr)
             return 2
         if args.action == "export":
-            count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force)
+            count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
+                                         key=driverjit.fleet_key(load_settings(cache_dir=args.cache_dir)))
             print("exported %d entries from %s to %s (%d bytes)" % (count, store.root, args.file,
                                                                    os.path.getsize(args.file)))
         elif driverjit.is_bundle(args.file):
@@ -124,7 +127,8 @@ def _cmd_cache(args):
                       sum(f["size"] for f in manifest["files"]) / 1048576.0,
                       driverjit.managed_dir(settings.cache_dir)))
         else:
-            added, present = bundle.import_bundle(store, args.file)
+            added, present = bundle.import_bundle(store, args.file,
+                                                  driverjit.fleet_key(load_settings(cache_dir=args.cache_dir)))
             print("imported %s into %s: %d entries added, %d already present (all checksums verified)"
                   % (args.file, store.root, added, present))
     return 0

@@ -9,7 +9,8 @@ on a build box, it serves every identical line PC.
 A driver-JIT bundle is a tar (gzip) holding ``ptxbackend-driver-jit.json`` (the
 manifest: driver, GPU models, libraries, and each file's size and SHA-256), the
 files of the warmed cache under ``jit/``, and, when a fleet key is configured,
-``ptxbackend-driver-jit.sig`` (HMAC-SHA256 of the manifest under that key).
+``ptxbackend-driver-jit.sig`` (HMAC-SHA256 of the manifest under that key, the second member: an import
+where a key is configured checks it before any file is written; :mod:`ptxbackend.cache.archive`).
 
 An import never touches the driver cache a user already has: it fills
 ``<cache dir>/driver-jit/`` (a directory ptxbackend owns), replacing it whole,
@@ -18,7 +19,6 @@ where the user has not set ``CUDA_CACHE_PATH`` (docs/deployment.md says why).
 """
 
 import hashlib
-import hmac
 import json
 import os
 import shutil
@@ -29,6 +29,7 @@ import time
 
 from . import _fsutil
 from ._version import __version__
+from .cache import archive as archive_format
 from .cache.bundle import add_member
 from .errors import CacheError
 
@@ -119,10 +120,6 @@ def _sha256_file(path):
             digest.update(chunk)
 
 
-def _sign(key, manifest_bytes):
-    return hmac.new(key, _MAC_CONTEXT + manifest_bytes, hashlib.sha256).hexdigest().encode("ascii")
-
-
 def _cache_files(jit_dir):
     """``(relative name, path, size)`` of every regular file of a driver cache directory."""
     found = []
@@ -157,7 +154,7 @@ def pack(jit_dir, libraries, destination, machine, key=None, force=False):
     with _fsutil.new_file_beside(destination, force) as raw, tarfile.open(fileobj=raw, mode="w:gz") as archive:
         add_member(archive, MANIFEST, data)
         if key:
-            add_member(archive, SIGNATURE, _sign(key, data))
+            add_member(archive, SIGNATURE, archive_format.sign(key, _MAC_CONTEXT, data))
         for name, path, size in files:
             info = tarfile.TarInfo(FILES + "/" + name)
             info.size, info.mode, info.mtime = size, 0o600, int(time.time())
@@ -244,66 +241,63 @@ def _swap_in(staging, target):
 def _unpack_verified(source, staging, machine, key):
     import zlib
     try:
-        with tarfile.open(source, "r:*") as archive:
-            return _unpack(archive, source, staging, machine, key)
+        with archive_format.Untrusted(source, MAX_MANIFEST) as reading:
+            return _unpack(reading, source, staging, machine, key)
+    except archive_format.OverBudget as exc:
+        raise CacheError("%s unpacks to more than its manifest declares (%s): a damaged or hostile bundle; "
+                         "nothing was imported" % (source, exc))
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         raise CacheError("%s is damaged or not a complete bundle (%s: %s); copy it again. Nothing was "
                          "imported" % (source, type(exc).__name__, exc))
     except OSError as exc:
+        if exc.errno is None:  # gzip's BadGzipFile and the like: damage, not a file we cannot read
+            raise CacheError("%s is damaged or not a complete bundle (%s); copy it again. Nothing was "
+                             "imported" % (source, exc))
         raise CacheError("cannot read %s: %s" % (source, exc.strerror or exc))
 
 
-def _unpack(archive, source, staging, machine, key):
-    member = archive.next()
-    if member is None or member.name != MANIFEST or not member.isfile() or member.size > MAX_MANIFEST:
-        raise CacheError("%s is not a driver-JIT bundle (no %s first)" % (source, MANIFEST))
-    data = archive.extractfile(member).read()
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-        expected = dict((r["name"], r) for r in manifest["files"])
-        declared = sum(int(r["size"]) for r in expected.values())
-        if not isinstance(manifest["driver"]["build"], str) or not isinstance(manifest["gpus"], list):
-            raise TypeError("driver build or GPU list of the wrong type")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CacheError("%s has no valid %s (%s)" % (source, MANIFEST, exc))
+def _machine_problem(manifest):
+    """What is wrong with the manifest's driver and GPU list, or ``None``."""
+    driver = manifest.get("driver")
+    if not isinstance(driver, dict) or not isinstance(driver.get("build"), str):
+        return "no driver build"
+    gpus = manifest.get("gpus")
+    if not isinstance(gpus, list):
+        return "no GPU list"
+    for gpu in gpus:
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("name"), str) \
+                or not isinstance(gpu.get("cc"), int) or isinstance(gpu.get("cc"), bool) or not 10 <= gpu["cc"] <= 199:
+            return "a GPU that is not a name and a compute capability: %.80r" % (gpu,)
+    return None
+
+
+def _unpack(reading, source, staging, machine, key):
+    data, manifest = archive_format.read_manifest(reading, MANIFEST, MAX_MANIFEST)
+    why = _machine_problem(manifest)
+    if why:
+        raise CacheError("%s has no valid %s (%s)" % (source, MANIFEST, why))
     if manifest.get("format") != FORMAT:
         raise CacheError("%s is a driver-JIT bundle of format %r; this ptxbackend %s reads format %d"
                          % (source, manifest.get("format"), __version__, FORMAT))
     why = _refusal(manifest, machine)
     if why:
         raise CacheError("%s cannot serve this machine: %s Nothing was imported." % (source, why))
-    if declared > MAX_TOTAL:
-        raise CacheError("%s declares %d bytes, more than a driver JIT cache holds (%d); nothing was imported"
-                         % (source, declared, MAX_TOTAL))
-    signature = None
-    first = member
-    for member in archive:  # from the start again: the manifest was read already
-        if member is first:
-            continue
-        if member.name == SIGNATURE and signature is None and member.isfile() and member.size <= 256:
-            signature = archive.extractfile(member).read()
-            continue
+    expected = archive_format.file_records(source, MANIFEST, manifest.get("files"), MAX_FILE, MAX_TOTAL)
+    reading.allow(sum(r["size"] for r in expected.values()), len(expected))
+    for member in archive_format.members_after_signature(reading, SIGNATURE, key, _MAC_CONTEXT, data):
         name = member.name[len(FILES) + 1:]
         if not member.isfile() or not _safe_member_name(member.name) or name not in expected:
             raise CacheError("%s: unexpected member %r (not a regular file the manifest lists under %s/); "
                              "nothing was imported" % (source, member.name, FILES))
         record = expected.pop(name)
-        if member.size != record["size"] or member.size > MAX_FILE:
+        if member.size != record["size"]:
             raise CacheError("%s: %s is %d bytes, its manifest says %d; nothing was imported"
                              % (source, member.name, member.size, record["size"]))
-        _write_checked(archive.extractfile(member), os.path.join(staging, *name.split("/")), record,
+        _write_checked(reading.archive.extractfile(member), os.path.join(staging, *name.split("/")), record,
                        source, member.name)
     if expected:
         raise CacheError("%s: %d files the manifest lists are missing (e.g. %s); nothing was imported"
                          % (source, len(expected), sorted(expected)[0]))
-    if key is not None:
-        if signature is None:
-            raise CacheError("%s is not signed, and a fleet key is configured (PTXBACKEND_REMOTE_KEY_FILE): "
-                             "only bundles signed with it are imported. Export it again where the key is "
-                             "configured." % source)
-        if not hmac.compare_digest(signature, _sign(key, data)):
-            raise CacheError("%s is signed with another key, or its manifest was changed: nothing was "
-                             "imported" % source)
     return manifest
 
 

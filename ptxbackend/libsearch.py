@@ -135,8 +135,8 @@ def library_places(wheel_packages=("*",)):
     if not _WINDOWS:
         yield "default toolkit", "/usr/local/cuda/lib64"
     sub = "bin" if _WINDOWS else "lib"
-    for entry in sys.path:
-        if not isinstance(entry, str):
+    for index, entry in enumerate(sys.path):
+        if not isinstance(entry, str) or _is_working_directory(index, entry):
             continue
         base = os.path.abspath(entry or os.curdir)
         if not os.path.isdir(base):
@@ -144,6 +144,17 @@ def library_places(wheel_packages=("*",)):
         for package in wheel_packages:
             for name in _wheel_package_names(base, package):
                 yield "pip wheel", os.path.join(base, "nvidia", name, sub)
+
+
+def _is_working_directory(index, entry):
+    """Whether ``sys.path[index]`` is the working directory that ``python -c``/``-m`` put first: whoever
+    wrote files where the user stands did not choose a library (``nvidia/cudnn/lib`` there)."""
+    if not entry:
+        return True
+    try:
+        return index == 0 and os.path.abspath(entry) == os.getcwd()
+    except OSError:  # the working directory was removed
+        return index == 0
 
 
 def _ld_library_path():

@@ -37,9 +37,10 @@ def find_library(name_or_path):
     """A library path from a path or a short name (cudnn, cublas, curand).
 
     A short name is looked for where :func:`ptxbackend.libsearch.find_cuda_library`
-    looks (the CUDA toolkit, the nvidia-* wheels, LD_LIBRARY_PATH, the loader cache).
+    looks (the CUDA toolkit, the nvidia-* wheels, LD_LIBRARY_PATH, the loader cache), never in the
+    working directory: a file named ``cudnn`` there is not a library anyone chose (``./cudnn`` is).
     """
-    if os.path.sep in name_or_path or os.path.isfile(name_or_path):
+    if os.path.sep in name_or_path or (os.path.altsep and os.path.altsep in name_or_path):
         if not os.path.isfile(name_or_path):
             raise OSError("library %s does not exist" % name_or_path)
         return os.path.abspath(name_or_path)

@@ -267,13 +267,23 @@ KEY = "ab" * 32
 ENTRY_NAME = "%s/nvcc-13.0.88/compute_75/ab/%s.ptx" % (LAYOUT, KEY)
 
 
-def _entry_bytes(key=KEY):
-    return entry.encode(b"// a kernel\n", {"key": key, "kind": "ptx", "producer": "nvcc-13.0.88"})
+# The dependency set an nvcc entry must name (an entry of nvcc without one is refused).
+DEPSET = json.dumps({"files": [], "absent": []}).encode()
+DEPSET_DIGEST = hashlib.sha256(DEPSET).hexdigest()
+DEPSET_NAME = "%s/depsets/%s/%s.json" % (LAYOUT, DEPSET_DIGEST[:2], DEPSET_DIGEST)
 
 
-def _bundle_of(tmp_path, files, listed=None, extra_members=()):
-    """A bundle of ``files`` (name -> bytes), its manifest listing ``listed`` (default: all, truthfully)."""
+def _entry_bytes(key=KEY, deps=DEPSET_DIGEST.encode()):
+    return entry.encode(b"// a kernel\n", {"key": key, "kind": "ptx", "producer": "nvcc-13.0.88"}, deps)
+
+
+def _bundle_of(tmp_path, files, listed=None, extra_members=(), with_depset=True):
+    """A bundle of ``files`` (name -> bytes) and the dependency set its entries name, its manifest listing
+    ``listed`` (default: all, truthfully)."""
     listed = files if listed is None else listed
+    if with_depset:
+        files, listed = dict(files), dict(listed)
+        files[DEPSET_NAME] = listed[DEPSET_NAME] = DEPSET
     manifest = {"format": bundle.BUNDLE_FORMAT, "schema": SCHEMA_VERSION,
                 "files": [{"name": n, "sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
                           for n, d in listed.items()]}

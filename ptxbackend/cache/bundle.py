@@ -11,8 +11,12 @@ can check them and hit instead of compiling again.
 Import trusts nothing in the archive: only regular files of those three kinds
 are accepted (never this machine's own compiler memos), every file must match
 the manifest's checksum and be a valid entry, producer record or dependency set
-(a set's name is its content's SHA-256), and each one is written atomically,
-so a damaged bundle adds nothing half-written to the cache.
+(a set's name is its content's SHA-256), an nvcc entry must name a set the
+bundle or the cache holds, and each one is written atomically, so a damaged
+bundle adds nothing half-written to the cache.  The archive is read once, front
+to back (:mod:`.archive`).  Where a fleet key is configured, export signs the
+manifest with it and import takes only bundles signed with it; entries of an
+unsigned bundle are marked (:mod:`.provenance`) and never sent on.
 """
 
 import hashlib
@@ -27,13 +31,18 @@ import zlib
 from .. import _fsutil
 from .._version import __version__
 from ..errors import CacheError
+from . import archive as archive_format
 from . import depsets
 from . import entry as entry_format
+from . import provenance
+from .layout import depset_name
 from .keys import SCHEMA_VERSION
 from .store import LAYOUT
 
 MANIFEST = "ptxbackend-bundle.json"
+SIGNATURE = "ptxbackend-bundle.sig"  # the second member when signed: HMAC-SHA256 of the manifest
 BUNDLE_FORMAT = 1
+_MAC_CONTEXT = b"ptxbackend-bundle-1\0"
 # What an import reads at most: a manifest, one file, all files.  Far above any real cache (kernels are
 # kilobytes, a dependency set tens of kilobytes), far below what would exhaust a line PC's memory.
 MAX_MANIFEST = 64 << 20
@@ -56,11 +65,13 @@ def _dependency_sets(store):
                 yield os.path.join(base, name)
 
 
-def export_bundle(store, destination, include_jit=True, force=False):
+def export_bundle(store, destination, include_jit=True, force=False, key=None):
     """Write every entry of ``store`` (and the producers' identities) to a tar at ``destination``.
 
     An existing ``destination`` is replaced only with ``force``.  The tar is written to a new file
     (``O_EXCL``) beside it and renamed into place, so nothing planted there is ever written through.
+    With ``key`` (the fleet key) the manifest is signed, and entries that arrived in an unsigned
+    bundle stay home: a signature vouches only for what this machine compiled or received signed.
     Returns the number of entries written.
     """
     files = []
@@ -68,6 +79,8 @@ def export_bundle(store, destination, include_jit=True, force=False):
         if not include_jit and os.sep + "jit" + os.sep in path:
             continue
         files.append(path)
+    if key is not None:
+        files = [p for p in files if provenance.vouched(store, _store_name(store, p), _read_or_none(p))]
     files.extend(_identity_files(store))
     files.extend(_dependency_sets(store))
     records = []
@@ -94,10 +107,24 @@ def export_bundle(store, destination, include_jit=True, force=False):
                 "created": time.time(), "files": records}
     with _fsutil.new_file_beside(destination, force) as handle:
         with tarfile.open(fileobj=handle, mode="w:gz") as archive:
-            add_member(archive, MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8"))
+            manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
+            add_member(archive, MANIFEST, manifest_bytes)
+            if key is not None:
+                add_member(archive, SIGNATURE, archive_format.sign(key, _MAC_CONTEXT, manifest_bytes))
             for name, data in blobs:
                 add_member(archive, name, data)
     return sum(1 for r in records if not r["name"].endswith(".json"))
+
+
+def _store_name(store, path):
+    return os.path.relpath(path, store.base).replace(os.sep, "/")
+
+
+def _read_or_none(path):
+    try:
+        return _fsutil.read_file(path)
+    except OSError:
+        return None
 
 
 def add_member(archive, name, data):
@@ -164,34 +191,37 @@ def _check_file(kind, name, data):
         raise ValueError("not a producer record (a producer record names no program or library)")
 
 
-def _read_verified(source):
-    """Every file of the bundle at ``source``, checked; raises before anything is written."""
-    try:
-        archive = tarfile.open(source, "r:*")
-    except tarfile.TarError as exc:
-        raise CacheError("%s is not a ptxbackend bundle (cannot open it as tar: %s)" % (source, exc))
-    with archive:
-        try:
-            member = archive.getmember(MANIFEST)
-            if not member.isfile() or member.size > MAX_MANIFEST:
-                raise ValueError("a manifest of %d bytes" % member.size)
-            manifest = json.loads(archive.extractfile(member).read().decode("utf-8"))
-            expected = {r["name"]: r for r in manifest.get("files", [])}
-            declared = sum(int(r["size"]) for r in expected.values())
-        except (KeyError, ValueError, AttributeError, TypeError) as exc:
-            raise CacheError("%s has no valid %s: not a ptxbackend bundle (%s)" % (source, MANIFEST, exc))
+def _needs_dependency_set(name, data, carried, store):
+    """Why an entry of nvcc (whose output depends on headers read at compile time) cannot be served, or
+    ``None``: it must name a dependency set, carried by the bundle or already in ``store``."""
+    if not name.split("/")[1].startswith("nvcc"):
+        return None
+    digest = entry_format.decode_all(data, with_metadata=False)[2].decode("ascii", "replace")
+    if not digest:
+        return "an nvcc entry without a dependency set (a line PC could not tell its headers changed)"
+    if len(digest) != 64 or not set(digest) <= _HEX:
+        return "an entry naming no dependency set (%.80r)" % digest
+    depset = LAYOUT + "/" + depset_name(digest)
+    if depset not in carried and (store is None or not os.path.isfile(os.path.join(store.root, *depset.split("/")))):
+        return "an nvcc entry whose dependency set %s is neither in the bundle nor in this cache" % depset
+    return None
+
+
+def _read_verified(source, key=None, store=None):
+    """``(files, signed)``: every file of the bundle at ``source``, checked, and whether the bundle was
+    signed with ``key``; raises before anything is written."""
+    with archive_format.Untrusted(source, MAX_MANIFEST) as reading:
+        manifest_bytes, manifest = archive_format.read_manifest(reading, MANIFEST, MAX_MANIFEST)
         if manifest.get("schema") != SCHEMA_VERSION or manifest.get("format") != BUNDLE_FORMAT:
             raise CacheError(
                 "%s was made with cache schema %s (bundle format %s); this ptxbackend %s reads schema %d. "
                 "Export the bundle again with a matching ptxbackend version on the build box."
                 % (source, manifest.get("schema"), manifest.get("format"), __version__, SCHEMA_VERSION))
-        if declared > MAX_TOTAL:
-            raise CacheError("%s declares %d bytes of files, more than an import reads (%d); nothing was "
-                             "imported" % (source, declared, MAX_TOTAL))
+        expected = archive_format.file_records(source, MANIFEST, manifest.get("files"), MAX_FILE, MAX_TOTAL)
+        reading.allow(sum(r["size"] for r in expected.values()), len(expected))
         verified = []
-        for member in archive.getmembers():
-            if member.name == MANIFEST:
-                continue
+        for member in archive_format.members_after_signature(reading, SIGNATURE, key, _MAC_CONTEXT,
+                                                             manifest_bytes):
             kind = _kind_of(member.name) if _safe_name(member.name) else None
             if not member.isfile() or kind is None or member.name not in expected:
                 raise CacheError("%s: unexpected member %r (not a regular file listed in the manifest, or "
@@ -199,10 +229,10 @@ def _read_verified(source):
                                  % (source, member.name))
             record = expected.pop(member.name)
             # Sizes are checked before a byte is read: a small archive may unpack to gigabytes.
-            if member.size != record["size"] or member.size > MAX_FILE:
+            if member.size != record["size"]:
                 raise CacheError("%s: %s is %d bytes, its manifest says %d (at most %d are read); nothing "
                                  "was imported" % (source, member.name, member.size, record["size"], MAX_FILE))
-            data = archive.extractfile(member).read(member.size + 1)
+            data = archive_format.read_member(reading, member)
             if hashlib.sha256(data).hexdigest() != record["sha256"] or len(data) != record["size"]:
                 raise CacheError("%s: %s does not match its checksum; the bundle is damaged, nothing was "
                                  "imported" % (source, member.name))
@@ -214,19 +244,30 @@ def _read_verified(source):
         if expected:
             raise CacheError("%s: %d files listed in the manifest are missing (e.g. %s); nothing was imported"
                              % (source, len(expected), sorted(expected)[0]))
-    return verified
+        signed = reading.signed
+    carried = set(name for name, _data in verified)
+    for name, data in verified:
+        why = _needs_dependency_set(name, data, carried, store) if _kind_of(name) == "entry" else None
+        if why:
+            raise CacheError("%s: %s is %s; nothing was imported" % (source, name, why))
+    return verified, signed
 
 
-def import_bundle(store, source):
+def import_bundle(store, source, key=None):
     """Verify and add the bundle at ``source`` to ``store``.
 
+    With ``key`` (the fleet key, when one is configured) only a bundle signed with it is imported.
+    Entries of an unsigned bundle are marked (:mod:`.provenance`): ``cache push`` never uploads them.
     Returns ``(entries_added, entries_already_present)``.  Raises
     :class:`CacheError` for a bundle of another schema version, a missing or
     invalid manifest, or any file whose checksum or format does not verify
     (then nothing from the bundle is added).
     """
     try:
-        verified = _read_verified(source)
+        verified, signed = _read_verified(source, key, store)
+    except archive_format.OverBudget as exc:
+        raise CacheError("%s unpacks to more than its manifest declares (%s): a damaged or hostile "
+                         "bundle; nothing was imported" % (source, exc))
     except (EOFError, zlib.error, tarfile.TarError, OSError) as exc:
         if isinstance(exc, OSError) and exc.errno is not None:
             raise CacheError("cannot read %s: %s" % (source, exc.strerror or exc))
@@ -245,4 +286,7 @@ def import_bundle(store, source):
         _fsutil.make_private_dirs(os.path.dirname(path))
         _fsutil.write_atomic(path, data, durable=True)
         added += is_entry
+    for name, data in verified:
+        if not name.endswith(".json"):
+            provenance.remember(store, name.split("/", 1)[1], data, signed)
     return added, present

@@ -15,6 +15,7 @@ import logging
 
 from . import entry as entry_format
 from . import layout
+from . import provenance
 from .base import UnusableValue
 
 log = logging.getLogger("ptxbackend.cache")
@@ -34,6 +35,7 @@ class EntryCache(object):
         self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0, "uploads": 0, "discarded": 0}
         self._unwritable_reported = False
         self._remote_discard_reported = False
+        self.push_withheld = 0  # entries the last push() kept here (arrived unsigned: provenance.py)
 
     def path_of(self, name):
         return self.local.path_of(name)
@@ -217,6 +219,7 @@ class EntryCache(object):
         """Upload every valid local entry, JIT cubin, dependency set and producer record to the fleet
         store (a build box seeding the fleet).  Returns ``(files, bytes)`` uploaded."""
         files = size = 0
+        self.push_withheld = 0
         for name in self.local.list(""):
             try:
                 blob = self.local.get(name)
@@ -228,6 +231,9 @@ class EntryCache(object):
                 try:
                     entry_format.decode(blob)  # only what verifies leaves this machine
                 except entry_format.CorruptEntry:
+                    continue
+                if not provenance.vouched(self.local, name, blob):
+                    self.push_withheld += 1  # arrived unsigned: the fleet key must not seal it
                     continue
             self.remote.put(name, blob)
             files += 1

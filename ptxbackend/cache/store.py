@@ -20,6 +20,8 @@ import shutil
 import stat as stat_module
 import time
 
+import _ptxbackend_pth
+
 from .. import _fsutil
 from ..errors import CacheError
 from . import entry as entry_format
@@ -35,51 +37,17 @@ _PRUNE_EVERY = 300.0   # look at the total size at most every five minutes, on w
 
 def _check_private_dir(path):
     """Refuse a directory another user could write into: entries there could be planted."""
-    st = os.stat(path)
-    if not stat_module.S_ISDIR(st.st_mode):
-        raise CacheError("cache path %s is not a directory" % path)
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise CacheError(
-            "cache directory %s belongs to uid %d, not to you (uid %d): refusing to load "
-            "kernels from it. Set PTXBACKEND_CACHE_DIR to a directory of your own."
-            % (path, st.st_uid, os.getuid()))
-    if st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH):
-        raise CacheError(
-            "cache directory %s is writable by group or others (mode %o): refusing to load "
-            "kernels from it. Run: chmod 700 %s" % (path, st.st_mode & 0o777, path))
+    why = _ptxbackend_pth.private_dir_problem(path)
+    if why:
+        raise CacheError(why)
 
 
 def _check_parents(path):
-    """Refuse a cache below a directory that another user could rename or replace it in.
-
-    Every directory from the cache's parent up to ``/`` must belong to you or root and, unless it is
-    sticky (``/tmp``), be writable by no one else: otherwise someone could swap the whole tree between
-    two of our steps, whatever the cache's own modes say.  OpenSSH's StrictModes checks the same.
-    """
-    if not hasattr(os, "getuid"):
-        return
-    me = os.getuid()
-    current = os.path.dirname(os.path.abspath(path))
-    while True:
-        try:
-            st = os.stat(current)
-        except OSError:
-            st = None
-        if st is not None:
-            if st.st_uid not in (me, 0):
-                raise CacheError(
-                    "the cache at %s is inside %s, which belongs to uid %d (not you, uid %d, nor root): "
-                    "its owner could replace the cache. Set PTXBACKEND_CACHE_DIR to a directory of your "
-                    "own." % (path, current, st.st_uid, me))
-            if st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH) and not st.st_mode & stat_module.S_ISVTX:
-                raise CacheError(
-                    "the cache at %s is inside %s, which group or others can write (mode %o) and is not "
-                    "sticky: they could replace the cache. Run: chmod go-w %s, or set "
-                    "PTXBACKEND_CACHE_DIR elsewhere." % (path, current, st.st_mode & 0o7777, current))
-        parent = os.path.dirname(current)
-        if parent == current:
-            return
-        current = parent
+    """Refuse a cache another user could replace: a link of theirs on the way, or a directory above it
+    that they own or can write (the rules the start-up hook applies too, so they live with it)."""
+    why = _ptxbackend_pth.parents_problem(path)
+    if why:
+        raise CacheError(why)
 
 
 class DirectoryStore(Store):
@@ -93,6 +61,7 @@ class DirectoryStore(Store):
         self.lock_timeout = lock_timeout
         self._unwritable_reported = False
         self._dirs = {}
+        _check_parents(self.root)  # first: creating v4/ through another user's link writes in its target
         try:
             _fsutil.make_private_dirs(self.base)
         except OSError as exc:
@@ -100,7 +69,6 @@ class DirectoryStore(Store):
                              "to a writable directory." % (self.base, exc))
         _check_private_dir(self.base)
         _check_private_dir(self.root)
-        _check_parents(self.root)
         if not os.access(self.base, os.W_OK | os.X_OK):
             raise CacheError("cache directory %s is not writable. Set PTXBACKEND_CACHE_DIR to a "
                              "writable directory." % self.base)
@@ -316,19 +284,46 @@ class DirectoryStore(Store):
 
     def clear(self):
         """Remove every entry, lock and memo of this schema version."""
-        shutil.rmtree(self.base, ignore_errors=True)
+        with self._root_fd() as root_fd:
+            _fsutil.remove_tree_beneath(root_fd, LAYOUT)
         _fsutil.make_private_dirs(self.base)
+
+    @contextlib.contextmanager
+    def _root_fd(self):
+        """A descriptor of the cache root, checked again as when the store was opened: what is deleted
+        below it is found and removed through it, wherever a path would lead by then."""
+        try:
+            _check_parents(self.root)
+            fd = os.open(self.root, os.O_RDONLY | _fsutil.DIRECTORY | _fsutil.CLOEXEC)
+        except OSError as exc:
+            raise CacheError("cannot open cache directory %s: %s" % (self.root, exc.strerror or exc))
+        try:
+            st = os.fstat(fd)
+            if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+                raise CacheError("cache directory %s is no longer a private directory of yours" % self.root)
+            yield fd
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _old_layouts_at(root_fd):
+        names = []
+        for name in os.listdir(root_fd):
+            if name.startswith("v") and name[1:].isdigit() and int(name[1:]) < SCHEMA_VERSION:
+                try:
+                    if stat_module.S_ISDIR(os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_mode):
+                        names.append(name)
+                except OSError:
+                    continue
+        return sorted(names)
 
     def old_layouts(self):
         """Names of the trees of older schema versions here (``v1`` when this is ``v2``)."""
         try:
-            names = os.listdir(self.root)
-        except OSError:
+            with self._root_fd() as root_fd:
+                return self._old_layouts_at(root_fd)
+        except (CacheError, OSError):
             return []
-        return sorted(n for n in names
-                      if n.startswith("v") and n[1:].isdigit() and int(n[1:]) < SCHEMA_VERSION
-                      and os.path.isdir(os.path.join(self.root, n))
-                      and not os.path.islink(os.path.join(self.root, n)))
 
     def remove_old_layouts(self):
         """Remove the trees of older schema versions; return their names.
@@ -337,7 +332,8 @@ class DirectoryStore(Store):
         cap.  Not done automatically: an older ptxbackend in another environment
         may still share this cache directory.  Newer layouts are never touched.
         """
-        removed = self.old_layouts()
-        for name in removed:
-            shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+        with self._root_fd() as root_fd:
+            removed = self._old_layouts_at(root_fd)
+            for name in removed:
+                _fsutil.remove_tree_beneath(root_fd, name)
         return removed
