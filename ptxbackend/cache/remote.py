@@ -32,8 +32,8 @@ speed, because a fleet cache is a remote, shared, writable place:
 * **Lazy.**  Opening the store reads its key file but does not connect: a
   program whose kernels all hit locally never talks to the server.
 
-Keys on the server are ``<namespace>:v3/<name>`` for values and
-``<namespace>:lock:v3/<name>`` for the fleet-wide compile locks, so one server
+Keys on the server are ``<namespace>:v<schema>/<name>`` for values and
+``<namespace>:lock:v<schema>/<name>`` for the fleet-wide compile locks, so one server
 can hold several fleets and schema versions side by side.  Eviction is the
 server's: run it with ``maxmemory`` and ``maxmemory-policy allkeys-lru``.
 """
