@@ -14,40 +14,50 @@ def bulk(data):
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
+def in_thread(target, *args):
+    thread = threading.Thread(target=target, args=args)
+    thread.daemon = True
+    thread.start()
+
+
+def listen():
+    """A listening socket on a free loopback port."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    return listener
+
+
+def serve(listener, handle):
+    """Accept until ``listener`` is closed, each connection handled by ``handle`` in a thread of its own."""
+    while True:
+        try:
+            connection = listener.accept()[0]
+        except OSError:
+            return
+        in_thread(handle, connection)
+
+
 class FakeServer(object):
     def __init__(self, answer, delay=0.0):
         self.answer = answer
         self.delay = delay
         self.commands = []
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
+        self._listener = listen()
         self.port = self._listener.getsockname()[1]
         self._stop = False
-        self._thread = threading.Thread(target=self._serve)
-        self._thread.daemon = True
 
     @property
     def url(self):
         return "redis://127.0.0.1:%d/0" % self.port
 
     def __enter__(self):
-        self._thread.start()
+        in_thread(serve, self._listener, self._talk)
         return self
 
     def __exit__(self, *exc):
         self._stop = True
         self._listener.close()
-
-    def _serve(self):
-        while not self._stop:
-            try:
-                connection = self._listener.accept()[0]
-            except OSError:
-                return
-            worker = threading.Thread(target=self._talk, args=(connection,))
-            worker.daemon = True
-            worker.start()
 
     def _talk(self, connection):
         buffer = b""

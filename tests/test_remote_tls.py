@@ -11,11 +11,11 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 import uuid
 
 import pytest
 
+from fake_resp import in_thread, listen, serve
 from ptxbackend.cache.remote import RemoteStore
 from test_remote_store import ENTRY
 
@@ -58,23 +58,9 @@ class TlsProxy(object):
         self.context.load_cert_chain(cert, key)
         self.target_port = target_port
         self.forwarded = 0
-        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
+        self.listener = listen()
         self.port = self.listener.getsockname()[1]
-        thread = threading.Thread(target=self._serve)
-        thread.daemon = True
-        thread.start()
-
-    def _serve(self):
-        while True:
-            try:
-                client = self.listener.accept()[0]
-            except OSError:
-                return
-            thread = threading.Thread(target=self._connect, args=(client,))
-            thread.daemon = True
-            thread.start()
+        in_thread(serve, self.listener, self._connect)
 
     def _connect(self, client):
         try:
@@ -84,10 +70,8 @@ class TlsProxy(object):
             client.close()
             return  # the client refused our certificate: nothing reaches the server
         server = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
-        for source, sink, count in ((tls, server, True), (server, tls, False)):
-            thread = threading.Thread(target=self._pump, args=(source, sink, count))
-            thread.daemon = True
-            thread.start()
+        in_thread(self._pump, tls, server, True)
+        in_thread(self._pump, server, tls, False)
 
     def _pump(self, source, sink, count):
         try:
@@ -150,9 +134,7 @@ def test_a_certificate_of_an_unknown_ca_is_refused(proxy, pki, valkey, which):
 
 
 def test_a_server_that_never_finishes_the_handshake_costs_one_timeout(pki):
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
+    listener = listen()
     try:
         store = RemoteStore("rediss://localhost:%d/0?ssl_ca_certs=%s" % (listener.getsockname()[1], pki["ca"]),
                             os.urandom(32), timeout=0.5)
