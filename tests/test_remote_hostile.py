@@ -53,6 +53,16 @@ def test_an_array_of_a_billion_items_is_refused(fleet_key, logged):
         assert "array of 1000000000, over the bound" in store.state
 
 
+def test_replies_each_under_the_bound_are_bounded_together():
+    """Three strings of 40000 bytes, each under a 50000-byte bound, are over what one operation may receive."""
+    from ptxbackend.cache import resp
+    page = b"*2\r\n$1\r\n0\r\n*3\r\n" + bulk(b"k" * 40000) * 3
+    with FakeServer(lambda command: page) as server:
+        client = resp.Client(resp.Endpoint(server.url), 5.0, max_reply=50000)
+        with pytest.raises(resp.Fault, match="more than %d bytes for one operation" % (50000 + resp.MAX_LINE)):
+            client.scan(b"*")
+
+
 def test_a_status_line_without_end_is_bounded(fleet_key, logged):
     with FakeServer(lambda command: b"+" + b"x" * (200 << 10)) as server:
         store = RemoteStore(server.url, fleet_key, timeout=5.0)

@@ -6,7 +6,9 @@ exhaust memory or trickle one byte at a time for ever.  Here:
 
 * every reply is bounded before a byte of it is kept: a bulk string longer than
   ``max_reply``, an array longer than :data:`MAX_ITEMS`, a status line longer
-  than :data:`MAX_LINE` or nested deeper than two levels is a :class:`Fault`;
+  than :data:`MAX_LINE` or nested deeper than two levels is a :class:`Fault`,
+  and so is an operation whose replies add up to more than ``max_reply`` and
+  one line (an array of many strings each under the bound);
 * one deadline (``timeout`` seconds, monotonic) covers a whole operation:
   connecting, the TLS handshake, AUTH and every reply of a pipeline;
 * TLS always verifies the certificate and the host name (``ssl`` of the
@@ -111,6 +113,7 @@ class _Reader(object):
         self.max_reply = max_reply
         self.buf = bytearray()
         self.pos = 0
+        self.left = max_reply + MAX_LINE  # bytes this operation may still receive, all replies together
 
     def _fill(self):
         left = self.deadline - time.monotonic()
@@ -118,11 +121,14 @@ class _Reader(object):
             raise Fault("the operation ran past its deadline")
         self.sock.settimeout(left)
         try:
-            chunk = self.sock.recv(1 << 16)
+            chunk = self.sock.recv(min(1 << 16, max(1, self.left + 1)))
         except socket.timeout:
             raise Fault("the operation ran past its deadline")
         if not chunk:
             raise Fault("the server closed the connection")
+        self.left -= len(chunk)
+        if self.left < 0:
+            raise Fault("the server sent more than %d bytes for one operation" % (self.max_reply + MAX_LINE))
         if self.pos:
             del self.buf[:self.pos]
             self.pos = 0
