@@ -151,6 +151,15 @@ def test_a_server_answering_nil_to_every_lock_is_not_waited_for(fleet_key, logge
         assert store.requests == 1 and store.state == "ok"
 
 
+def test_integer_replies_take_no_lock_and_are_no_pong(fleet_key, logged):
+    """``:1`` equals True in Python: neither a taken lock nor a PONG may be read into it."""
+    with FakeServer(lambda command: b":1\r\n") as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0)
+        with store.lock(ENTRY, 30) as held:
+            assert held is False
+        assert store.ping() is False
+
+
 # -- row 13: a slow server costs a bounded time per process ------------------------------------------
 
 def test_a_server_just_under_the_timeout_trips_the_budget(fleet_key, logged):

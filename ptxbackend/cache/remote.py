@@ -267,9 +267,10 @@ class RemoteStore(Store):
         """``operation(client)``'s result, or ``_SKIP`` when the store is off or the call failed."""
         if self._failed is not None:
             return _SKIP
-        started = time.monotonic()
+        started = None
         try:
             with self._io:
+                started = time.monotonic()  # waiting for another thread's request is not the server's time
                 if self._client is None and self._failed is None:
                     self._client = self._make_client()
                 client = self._client
@@ -292,6 +293,8 @@ class RemoteStore(Store):
 
     def _charge(self, started, level):
         """Count an operation's time against the budget; past it, the store turns off."""
+        if started is None:
+            return
         self.spent += time.monotonic() - started
         if self.budget is not None and self.spent > self.budget and self._failed is None:
             self._fail(resp.Fault("this process spent %.1f s waiting for it, over its budget of %.1f s "
@@ -434,7 +437,7 @@ class RemoteStore(Store):
             replies = self._call(level, lambda client: client.execute(take, ("GET", lock_key)), write=True)
             if replies is _SKIP:
                 return False
-            if replies[0] in (b"OK", True):
+            if replies[0] == b"OK" or replies[0] is True:  # True: redis-py's cluster client
                 return True
             if not self._verified_lock(lock_key, replies[1]):
                 self._bump(level, "rejected")
@@ -463,7 +466,8 @@ class RemoteStore(Store):
     def ping(self):
         """Whether the server answers now (for ``doctor`` and ``cache info``); a failure turns the
         store off for the process, as any other call's would."""
-        return self._call("other", lambda client: client.execute(("PING",))[0]) in (b"PONG", True)
+        reply = self._call("other", lambda client: client.execute(("PING",))[0])
+        return reply == b"PONG" or reply is True  # True: redis-py's cluster client
 
     @property
     def state(self):
