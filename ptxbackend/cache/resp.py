@@ -187,6 +187,25 @@ class _Reader(object):
         raise Fault("the server sent a reply of unknown type %r" % head)
 
 
+def _tcp(host, port, deadline):
+    """A connected TCP socket; each address tried gets what is left of the deadline, not a timeout
+    of its own (``create_connection`` would give ``localhost``'s two addresses two timeouts)."""
+    error = Fault("%s resolves to no address" % host)
+    for family, kind, proto, _name, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Fault("connecting ran past the deadline")
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(left)
+        try:
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+    raise error
+
+
 def _encode(command):
     parts = [b"*%d\r\n" % len(command)]
     for arg in command:
@@ -279,7 +298,7 @@ class Client(object):
                 sock.close()
                 raise
         else:
-            sock = socket.create_connection((point.host, point.port), timeout=left)
+            sock = _tcp(point.host, point.port, deadline)
         try:
             if point.tls:
                 sock = self._handshake(sock, deadline)
