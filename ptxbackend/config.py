@@ -88,6 +88,7 @@ KNOBS = {
     "remote_key_file": ("PTXBACKEND_REMOTE_KEY_FILE", None, _text),
     "remote_password_file": ("PTXBACKEND_REMOTE_PASSWORD_FILE", None, _text),
     "remote_ttl": ("PTXBACKEND_REMOTE_TTL", 0.0, parse_seconds),
+    "remote_budget": ("PTXBACKEND_REMOTE_BUDGET", 10.0, parse_seconds),
     # How a hit knows the toolkit is the one that made the entry (docs/configuration.md).
     "compiler_check": ("PTXBACKEND_COMPILER_CHECK", "stat", parse_compiler_check),
     "deps_recheck": ("PTXBACKEND_DEPS_RECHECK", 0.0, parse_seconds),
@@ -155,8 +156,26 @@ def _file_values(path):
         logging.getLogger("ptxbackend").warning(
             "ptxbackend: unknown keys in %s ignored: %s (known: %s)",
             path, ", ".join(unknown), ", ".join(sorted(KNOBS)))
+    _warn_exposed_password(path, stamp[3], values.get("remote"))
     _file_cache[path] = (stamp, values)
     return values
+
+
+def _warn_exposed_password(path, mode, url):
+    """Warn when the config file gives the fleet store's password to everyone who can read it."""
+    if not url or not mode & 0o044:
+        return
+    from urllib.parse import parse_qsl, urlsplit
+    try:
+        parts = urlsplit(url)
+        exposed = bool(parts.password) or any(k.lower() == "password" for k, _v in parse_qsl(parts.query))
+    except ValueError:
+        exposed = "@" in url or "password" in url.lower()
+    if exposed:
+        logging.getLogger("ptxbackend").warning(
+            "ptxbackend: config file %s holds the fleet store password (in remote = ...) and can be read by "
+            "group or others (mode %o): run chmod 600 %s, or keep the password in "
+            "PTXBACKEND_REMOTE_PASSWORD_FILE", path, mode & 0o777, path)
 
 
 def _why_unreadable(path):

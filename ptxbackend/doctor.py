@@ -146,7 +146,7 @@ def collect():
     if settings.compiler and settings.compiler not in KINDS:
         problems.append("PTXBACKEND_COMPILER=%r is not a compiler ptxbackend knows: use %s, or unset it"
                         % (settings.compiler, " or ".join(KINDS)))
-    report["settings"] = {name: {"value": value, "from": settings.origins[name]}
+    report["settings"] = {name: {"value": _shown(name, value), "from": settings.origins[name]}
                           for name, value in sorted(settings.as_dict().items())}
     store = open_store(settings)
     entries = list(store.entries())
@@ -205,6 +205,14 @@ def collect():
     return report
 
 
+def _shown(name, value):
+    """A setting's value as printed: the fleet store URL without its password (parsed, not cut at '@')."""
+    if name != "remote" or not value:
+        return value
+    from .cache.remote import redact_url
+    return redact_url(value)
+
+
 def _remote_report(settings, problems, warnings):
     """The fleet store: where, its mode, whether it answers, and this process's counters."""
     if not settings.remote:
@@ -216,7 +224,7 @@ def _remote_report(settings, problems, warnings):
         return {"problem": str(exc)}
     if cache.remote is None:
         problem = remote_problem(settings)
-        problems.append("the fleet store %s is not used: %s" % (settings.remote.split("@")[-1], problem))
+        problems.append("the fleet store %s is not used: %s" % (_shown("remote", settings.remote), problem))
         return {"problem": problem}
     remote = cache.remote
     reachable = remote.ping() if hasattr(remote, "ping") else None

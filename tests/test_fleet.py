@@ -264,6 +264,46 @@ def test_a_validly_sealed_but_damaged_entry_is_never_loaded(fleet, valkey):
     assert len([w for w in second["warnings"] if "checksum" in w]) == 1, second["warnings"]
 
 
+def _sealed_store(fleet, valkey):
+    from ptxbackend.cache.remote import RemoteStore
+    env = fleet[0]
+    key = open(env["PTXBACKEND_REMOTE_KEY_FILE"], "rb").read()
+    return RemoteStore(valkey.url, key, namespace=env["PTXBACKEND_REMOTE_NAMESPACE"], timeout=5.0)
+
+
+def test_a_valid_entry_sealed_under_another_kernels_name_is_never_loaded(fleet, valkey):
+    """A key holder swaps two kernels' entries: each verifies (HMAC, CRC-32) but names the other key."""
+    _env, calls, _tmp = fleet
+    kernels = [kernel(i, "swapped") for i in range(2)]
+    first, = machines(fleet, 1, kernels)
+    store = _sealed_store(fleet, valkey)
+    names = [n for n in store.list("") if n.endswith(".ptx")]
+    assert len(names) == 2
+    blobs = [store.get(name) for name in names]
+    store.put(names[0], blobs[1])
+    store.put(names[1], blobs[0])
+    second, = machines(fleet, 1, kernels)
+    assert second["images"] == first["images"] and second["stats"]["remote_hits"] == 0
+    assert count_calls(calls, "--ptx") == 4  # both compiled here
+    assert any("entry belongs to key" in w for w in second["warnings"]), second["warnings"]
+
+
+def test_a_valid_entry_of_another_kind_under_a_kernels_name_is_never_loaded(fleet, valkey):
+    """The right key, a good checksum, but a cubin where the name says PTX."""
+    from ptxbackend.cache import entry as entry_format
+    _env, calls, _tmp = fleet
+    kernels = [kernel(0, "other-kind")]
+    first, = machines(fleet, 1, kernels)
+    store = _sealed_store(fleet, valkey)
+    name, = [n for n in store.list("") if n.endswith(".ptx")]
+    payload, metadata, deps = entry_format.decode_all(store.get(name))
+    store.put(name, entry_format.encode(payload, dict(metadata, kind="cubin"), deps))
+    second, = machines(fleet, 1, kernels)
+    assert second["images"] == first["images"] and second["stats"]["remote_hits"] == 0
+    assert count_calls(calls, "--ptx") == 2
+    assert any("expected 'ptx'" in w for w in second["warnings"]), second["warnings"]
+
+
 def test_a_fleet_entry_whose_header_differs_here_is_a_miss_not_a_stale_hit(fleet, tmp_path):
     """The request key does not cover header contents; the files a compile read are re-checked on a
     remote hit as on a local one, on the machine that would load it."""

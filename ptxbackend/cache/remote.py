@@ -1,4 +1,4 @@
-"""The fleet store: one Valkey/Redis server shared by the machines of a fleet (redis-py).
+"""The fleet store: one Valkey/Redis server shared by the machines of a fleet.
 
 A build box compiles a kernel once and every line PC of the fleet loads it
 from here instead of compiling it again.  Three properties matter more than
@@ -18,15 +18,22 @@ speed, because a fleet cache is a remote, shared, writable place:
   ccache's remote storage does: one warning, then every call returns at once
   without touching the network, and the program goes on with its local cache.
   A dead server costs at most one timeout per process (``remote_timeout``,
-  0.25 s by default, for connecting and for each operation; redis-py's own
-  retries are turned off).  Nothing here raises from ``get``/``put``/
-  ``delete``/``lock``.
+  0.25 s by default, one deadline for a whole operation, connecting
+  included; no retries), and a slow one at most ``remote_budget`` seconds
+  of requests per process.  Every reply is bounded before it is read
+  (:mod:`.resp`); a reply of the wrong type is a fault like a timeout.
+  Nothing here raises from ``get``/``put``/``delete``/``lock``.
+
+* **Authenticated locks.**  A fleet-wide compile lock's value carries an
+  HMAC under the fleet key over the lock's name, its token and when it was
+  taken: a lock planted by anyone without the key (or a server answering nil
+  to every ``SET NX``) is ignored, and the machine compiles at once.
 
 * **Lazy.**  Opening the store reads its key file but does not connect: a
   program whose kernels all hit locally never talks to the server.
 
-Keys on the server are ``<namespace>:v3/<name>`` for values and
-``<namespace>:lock:v3/<name>`` for the fleet-wide compile locks, so one server
+Keys on the server are ``<namespace>:v<schema>/<name>`` for values and
+``<namespace>:lock:v<schema>/<name>`` for the fleet-wide compile locks, so one server
 can hold several fleets and schema versions side by side.  Eviction is the
 server's: run it with ``maxmemory`` and ``maxmemory-policy allkeys-lru``.
 """
@@ -47,6 +54,7 @@ import time
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from . import resp
 from .base import Store
 from .store import KIND_SUFFIXES, LAYOUT
 
@@ -54,12 +62,17 @@ log = logging.getLogger("ptxbackend")
 
 MAGIC = b"PTXBR1"
 _MAC_CONTEXT = b"ptxbackend-remote-1\0"
+_LOCK_CONTEXT = b"ptxbackend-lock-1\0"
 _MAC_SIZE = hashlib.sha256().digest_size
 HEADER_SIZE = len(MAGIC) + _MAC_SIZE
 #: The largest blob stored or accepted: a value the server sends is read only
 #: up to this bound (GETRANGE), so a planted giant value costs no memory.
 MAX_VALUE = 256 << 20
 MIN_KEY_SIZE = 16
+#: Seconds of requests a process may spend on the fleet store (PTXBACKEND_REMOTE_BUDGET).
+DEFAULT_BUDGET = 10.0
+#: A fleet key with fewer distinct bytes than this is no random key (16 spaces, "aaaa...").
+MIN_KEY_DISTINCT = 8
 _MAX_KEY_FILE = 64 << 10
 SCHEMES = ("redis", "rediss", "unix")
 LEVELS = ("entry", "jit", "other")
@@ -70,10 +83,14 @@ _FALSE = ("no", "0", "false", "off", "")
 # glob characters would break list()'s SCAN pattern.
 _NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENTRY_SUFFIXES = tuple("." + kind for kind in KIND_SUFFIXES)
-# Deletes the lock only if it still holds our token: a lock that expired and
+# Deletes the lock only if it still holds our value: a lock that expired and
 # was taken by another machine is theirs now.
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('del', KEYS[1]) else return 0 end")
+# Lock values: <token hex>.<taken, ms since the epoch>.<HMAC hex>; nothing else is a lock of ours.
+_LOCK_VALUE = re.compile(br"^([0-9a-f]{32})\.([0-9]{1,15})\.([0-9a-f]{64})$")
+#: How far another machine's clock may be ahead of ours when it stamps a lock (seconds).
+_CLOCK_SKEW = 30.0
 _SKIP = object()  # "no answer": the store is off, or the call just failed
 
 # Warnings given at most once per process (a bad fleet key rejects every value).
@@ -102,23 +119,24 @@ def seal(key, redis_key, blob):
 
 
 def redact_url(url):
-    """``url`` without its password (in the user part or as a ``password=`` query argument)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    userinfo, at, host = netloc.rpartition("@")
-    if at:
-        user, colon, password = userinfo.partition(":")
-        netloc = "%s%s@%s" % (user, ":***" if colon and password else "", host)
+    """``url`` without its password (in the user part or as a ``password=`` query argument).
+
+    Rebuilt from the parsed parts rather than cut at an ``@``: a password holding ``@``, ``#`` or
+    ``/`` cannot leak a piece of itself, and a URL that does not parse is not echoed at all.
+    """
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+        user = parts.username
+        password = parts.password
+    except ValueError:
+        return "(a fleet store URL that does not parse)"
+    netloc = ("[%s]" % host if ":" in host else host) + (":%d" % port if port else "")
+    if user or password:
+        netloc = "%s%s@%s" % (user or "", ":***" if password else "", netloc)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if "pass" not in k.lower()]
     return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), ""))
-
-
-def _url_has_password(url):
-    parts = urlsplit(url)
-    userinfo, at, _host = parts.netloc.rpartition("@")
-    if at and userinfo.partition(":")[2]:
-        return True
-    return any(k.lower() == "password" for k, _v in parse_qsl(parts.query, keep_blank_values=True))
 
 
 def _split_cluster(url):
@@ -147,15 +165,32 @@ def _explain(exc):
                                         "authentication required", "already authenticated",
                                         "invalid password")):
         return "the server refused the password (%s: %s)" % (type(exc).__name__, text)
+    if isinstance(exc, resp.Fault):
+        return text  # already says what failed, in words
     return "%s: %s" % (type(exc).__name__, text)
 
 
 def _write_refused(exc):
-    """A write the server refuses while it keeps serving reads (full with noeviction, a replica)."""
+    """A write the server refuses while it keeps serving reads (full with noeviction, a replica,
+    an ACL user without write rights)."""
     text = str(exc).lstrip()
     name = type(exc).__name__
-    return (name in ("OutOfMemoryError", "ReadOnlyError")
-            or text.startswith(("OOM", "READONLY", "command not allowed when used memory")))
+    return (name in ("OutOfMemoryError", "ReadOnlyError", "NoPermissionError")
+            or text.startswith(("OOM", "READONLY", "NOPERM", "command not allowed when used memory")))
+
+
+def _string(reply):
+    """``reply`` if it is a string (bytes); a hostile server's integer or array is a fault."""
+    if not isinstance(reply, bytes):
+        raise resp.Fault("the server answered %s where a string was expected" % type(reply).__name__)
+    return reply
+
+
+def _lock_mac(key, lock_key, token, taken):
+    mac = hmac.new(key, _LOCK_CONTEXT, hashlib.sha256)
+    mac.update(lock_key)
+    mac.update(b"\0" + token + b"\0" + taken)
+    return mac.hexdigest().encode("ascii")
 
 
 class RemoteStore(Store):
@@ -164,7 +199,7 @@ class RemoteStore(Store):
     writable = True
 
     def __init__(self, url, key, mode="rw", timeout=0.25, namespace="ptxbackend", password=None,
-                 ttl=0, lock_expiry=120.0):
+                 ttl=0, lock_expiry=120.0, budget=DEFAULT_BUDGET):
         scheme = urlsplit(url).scheme.lower()
         if scheme not in SCHEMES:
             raise ValueError("the fleet store URL %s has scheme %r: use redis://, rediss:// (TLS) or unix://"
@@ -179,12 +214,14 @@ class RemoteStore(Store):
         if not timeout or timeout <= 0:
             raise ValueError("the fleet store timeout must be a positive number of seconds, not %r" % (timeout,))
         self._url, self._cluster = _split_cluster(url)
-        self._scheme = scheme
+        self._endpoint = resp.Endpoint(url, password)  # refuses query arguments that loosen anything
         self._key = key
-        self._password = password
         self.mode = mode
         self.writable = mode == "rw"
         self.timeout = float(timeout)
+        #: Seconds of requests this process may spend on the server; past them the store turns off.
+        self.budget = float(budget) if budget else None
+        self.spent = 0.0
         self.namespace = namespace
         self.ttl = int(-(-float(ttl or 0) // 1))  # whole seconds, rounded up: EX takes an integer
         self.lock_expiry = float(lock_expiry)
@@ -196,6 +233,7 @@ class RemoteStore(Store):
         self._failed = None
         self._connected = False
         self._guard = threading.Lock()
+        self._io = threading.Lock()  # one connection: one request at a time
         self._counts = dict((level, dict((name, 0) for name in COUNTS)) for level in LEVELS)
         #: Requests sent to the server (each lock poll, each get ...): stays put once the store is off.
         self.requests = 0
@@ -203,26 +241,11 @@ class RemoteStore(Store):
     # -- the connection and the circuit breaker ------------------------------------------------------
 
     def _make_client(self):
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-        # No retries, said outright: the breaker's promise is one timeout per process, and
-        # redis-py >= 6's Redis() retries three times with backoff unless told otherwise.
-        kwargs = {"socket_timeout": self.timeout, "retry": Retry(NoBackoff(), 0)}
-        if self._scheme != "unix" or hasattr(redis.connection, "AbstractConnection"):
-            # redis-py 4.x's Unix socket connection takes no connect timeout (5.0 and later do);
-            # a local socket refuses at once unless its server is stuck with a full backlog.
-            kwargs["socket_connect_timeout"] = self.timeout
-        if self._password is not None and not _url_has_password(self._url):
-            kwargs["password"] = self._password
         if not self._cluster:
-            return redis.Redis.from_url(self._url, **kwargs)
-        import inspect
-        from redis.cluster import RedisCluster
-        if "retry" not in inspect.signature(RedisCluster.__init__).parameters:
-            kwargs["cluster_error_retry_attempts"] = 1  # redis-py 4.x: attempts, not retries
-        self.requests += 1  # unlike Redis(), a cluster client asks for the slot map as it is built
-        return RedisCluster.from_url(self._url, **kwargs)
+            return resp.Client(self._endpoint, self.timeout, HEADER_SIZE + MAX_VALUE + 1)
+        from .cluster import ClusterClient
+        self.requests += 1  # a cluster client asks for the slot map as it is built
+        return ClusterClient(self._url, self._endpoint, self.timeout)
 
     def _fail(self, exc, level):
         with self._guard:
@@ -244,18 +267,19 @@ class RemoteStore(Store):
         """``operation(client)``'s result, or ``_SKIP`` when the store is off or the call failed."""
         if self._failed is not None:
             return _SKIP
+        started = None
         try:
-            client = self._client
-            if client is None:
-                with self._guard:
-                    if self._client is None and self._failed is None:
-                        self._client = self._make_client()
-                    client = self._client
+            with self._io:
+                started = time.monotonic()  # waiting for another thread's request is not the server's time
+                if self._client is None and self._failed is None:
+                    self._client = self._make_client()
+                client = self._client
                 if client is None:
                     return _SKIP
-            self.requests += 1
-            result = operation(client)
+                self.requests += 1
+                result = operation(client)
         except Exception as exc:  # the store must never raise into a compile
+            self._charge(started, level)
             if write and _write_refused(exc):
                 with self._guard:
                     self._count(level, "errors")
@@ -264,7 +288,27 @@ class RemoteStore(Store):
             self._fail(exc, level)
             return _SKIP
         self._connected = True
+        self._charge(started, level)
         return result
+
+    def _charge(self, started, level):
+        """Count an operation's time against the budget; past it, the store turns off."""
+        if started is None:
+            return
+        self.spent += time.monotonic() - started
+        if self.budget is not None and self.spent > self.budget and self._failed is None:
+            self._fail(resp.Fault("this process spent %.1f s waiting for it, over its budget of %.1f s "
+                                  "(PTXBACKEND_REMOTE_BUDGET): it is too slow" % (self.spent, self.budget)),
+                       level)
+
+    @contextlib.contextmanager
+    def unbudgeted(self):
+        """A bulk job (``cache push``) that is meant to take long: no budget while it runs."""
+        budget, self.budget = self.budget, None
+        try:
+            yield
+        finally:
+            self.budget = budget
 
     def _count(self, level, name):
         self._counts[level][name] += 1
@@ -296,24 +340,18 @@ class RemoteStore(Store):
         level = _level(name)
         redis_key = self._prefix + name
         # One byte past the bound: a longer answer is refused without ever reading it all.
-        end = HEADER_SIZE + MAX_VALUE
+        read = ("GETRANGE", redis_key, 0, HEADER_SIZE + MAX_VALUE)
         if self.ttl:
-            def operation(client):
-                pipe = client.pipeline(transaction=False)
-                pipe.getrange(redis_key, 0, end)
-                pipe.expire(redis_key, self.ttl)  # a hit keeps the value alive; a miss is a no-op
-                return pipe.execute()[0]
+            # A hit keeps the value alive; a miss is a no-op.
+            raw = self._call(level, lambda client: _string(
+                client.execute(read, ("EXPIRE", redis_key, self.ttl))[0]))
         else:
-            def operation(client):
-                return client.getrange(redis_key, 0, end)
-        raw = self._call(level, operation)
+            raw = self._call(level, lambda client: _string(client.execute(read)[0]))
         if raw is _SKIP:
             return None
         if not raw:  # GETRANGE answers b"" for an absent key
             self._bump(level, "misses")
             return None
-        if not isinstance(raw, bytes):
-            raw = bytes(raw)
         if len(raw) > HEADER_SIZE + MAX_VALUE:
             self._reject(level, redis_key, "it is larger than %d MiB, more than ptxbackend ever stores: it "
                                            "was tampered with" % (MAX_VALUE >> 20))
@@ -342,48 +380,70 @@ class RemoteStore(Store):
         if len(blob) > MAX_VALUE:
             self._reject(level, redis_key, "it is larger than %d MiB, so it is not stored" % (MAX_VALUE >> 20))
             return
-        value = seal(self._key, redis_key.encode("utf-8"), blob)
-        ttl = self.ttl or None
-        if self._call(level, lambda client: client.set(redis_key, value, ex=ttl), write=True) is not _SKIP:
+        command = ("SET", redis_key, seal(self._key, redis_key.encode("utf-8"), blob))
+        if self.ttl:
+            command += ("EX", self.ttl)
+        if self._call(level, lambda client: client.execute(command), write=True) is not _SKIP:
             self._bump(level, "puts")
 
     def delete(self, name):
         if not self.writable or self._failed is not None:
             return
         redis_key = self._prefix + name
-        self._call(_level(name), lambda client: client.delete(redis_key), write=True)
+        self._call(_level(name), lambda client: client.execute(("DEL", redis_key)), write=True)
 
     @contextlib.contextmanager
     def lock(self, name, timeout):
         """A fleet-wide lock on ``name``: one machine compiles, the others wait for its upload.
 
         Held for at most ``lock_expiry`` seconds (a holder that dies frees it then); waits at most
-        ``timeout`` seconds, then yields ``False`` and the caller compiles anyway.
+        ``timeout`` seconds for a lock that verifies, then yields ``False`` and the caller compiles
+        anyway.  A lock that does not verify (no fleet key behind it) is not waited for.
         """
         if not self.writable or self._failed is not None:
             yield False
             return
         level = _level(name)
-        lock_key = self._lock_prefix + name
-        token = secrets.token_hex(16)
-        held = self._acquire(level, lock_key, token, timeout)
+        lock_key = (self._lock_prefix + name).encode("utf-8")
+        token = secrets.token_hex(16).encode("ascii")
+        taken = str(int(time.time() * 1000)).encode("ascii")
+        value = b".".join((token, taken, _lock_mac(self._key, lock_key, token, taken)))
+        held = self._acquire(level, lock_key, value, timeout)
         try:
             yield held
         finally:
             if held:
-                self._call(level, lambda client: client.eval(_RELEASE, 1, lock_key, token), write=True)
+                self._call(level, lambda client: client.execute(("EVAL", _RELEASE, 1, lock_key, value)),
+                           write=True)
 
-    def _acquire(self, level, lock_key, token, timeout):
+    def _verified_lock(self, lock_key, value):
+        """Whether ``value`` (the lock's current value, or None) is a live lock of a fleet key holder."""
+        match = _LOCK_VALUE.match(value) if isinstance(value, bytes) else None
+        if match is None:
+            return False
+        token, taken, mac = match.groups()
+        if not hmac.compare_digest(_lock_mac(self._key, lock_key, token, taken), mac):
+            return False
+        age = time.time() - int(taken) / 1000.0
+        return -_CLOCK_SKEW <= age <= self.lock_expiry + _CLOCK_SKEW
+
+    def _acquire(self, level, lock_key, value, timeout):
         expiry_ms = max(1, int(self.lock_expiry * 1000))
         deadline = time.monotonic() + max(0.0, float(timeout or 0))
         pause = 0.01
+        take = ("SET", lock_key, value, "NX", "PX", expiry_ms)
         while True:
-            taken = self._call(level, lambda client: client.set(lock_key, token, nx=True, px=expiry_ms),
-                               write=True)
-            if taken is _SKIP:
+            # SET NX and a GET of whoever holds it, in one round trip.
+            replies = self._call(level, lambda client: client.execute(take, ("GET", lock_key)), write=True)
+            if replies is _SKIP:
                 return False
-            if taken:
+            if replies[0] == b"OK" or replies[0] is True:  # True: redis-py's cluster client
                 return True
+            if not self._verified_lock(lock_key, replies[1]):
+                self._bump(level, "rejected")
+                log.debug("ptxbackend: the fleet lock %s does not verify; compiling without waiting for it",
+                          lock_key.decode("utf-8", "replace"))
+                return False
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -393,13 +453,12 @@ class RemoteStore(Store):
     def list(self, prefix=""):
         """Names (without namespace and layout) starting with ``prefix``; ``[]`` when the store is off."""
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self._prefix + prefix) + "*"
-        keys = self._call("other", lambda client: list(client.scan_iter(match=pattern, count=1000)))
+        keys = self._call("other", lambda client: client.scan(pattern))
         if keys is _SKIP:
             return []
         names = []
         for key in keys:
-            if isinstance(key, bytes):
-                key = key.decode("utf-8", "replace")
+            key = key.decode("utf-8", "replace")
             if key.startswith(self._prefix):
                 names.append(key[len(self._prefix):])
         return sorted(names)
@@ -407,7 +466,8 @@ class RemoteStore(Store):
     def ping(self):
         """Whether the server answers now (for ``doctor`` and ``cache info``); a failure turns the
         store off for the process, as any other call's would."""
-        return self._call("other", lambda client: client.ping()) is True
+        reply = self._call("other", lambda client: client.execute(("PING",))[0])
+        return reply == b"PONG" or reply is True  # True: redis-py's cluster client
 
     @property
     def state(self):
@@ -421,7 +481,6 @@ class RemoteStore(Store):
             result = dict((level, dict(counts)) for level, counts in self._counts.items())
         result["state"] = self.state
         return result
-
 
 # -- opening from settings ----------------------------------------------------------------------------
 
@@ -473,9 +532,11 @@ def read_fleet_key(path):
     if why:
         return None, why
     key = key.rstrip(b"\r\n")
-    if len(key) < MIN_KEY_SIZE:
-        return None, ("the fleet key file %s holds %d bytes; a fleet key needs at least %d (e.g. "
-                      "head -c 32 /dev/urandom | base64 > %s)" % (path, len(key), MIN_KEY_SIZE, path))
+    # Counted without blanks, and its distinct bytes too: 16 spaces are no key anyone must guess.
+    if len(key.strip()) < MIN_KEY_SIZE or len(set(key)) < MIN_KEY_DISTINCT:
+        return None, ("the fleet key file %s holds %d bytes (%d distinct, blanks aside %d); a fleet key needs at "
+                      "least %d random bytes with %d distinct (e.g. head -c 32 /dev/urandom | base64 > %s)"
+                      % (path, len(key), len(set(key)), len(key.strip()), MIN_KEY_SIZE, MIN_KEY_DISTINCT, path))
     return key, None
 
 
@@ -507,15 +568,16 @@ def open_remote(settings):
     if scheme not in SCHEMES:
         return None, ("PTXBACKEND_REMOTE=%s has an unsupported scheme %r: use redis://, rediss:// (TLS) or "
                       "unix://" % (shown, scheme))
-    # Found, not imported: importing redis-py costs a tenth of a second or more, which a program whose
-    # kernels all hit locally must not pay.  It is imported at the first call that reaches the server.
-    if _find_spec("redis") is None:
-        return None, ("the fleet store %s needs the redis-py client, which is not installed: "
-                      "pip install 'ptxbackend[redis]'" % shown)
     try:
-        _split_cluster(url)
+        cluster = _split_cluster(url)[1]
+        resp.Endpoint(url)
     except ValueError as exc:
         return None, str(exc)
+    # One server is spoken to by ptxbackend's own client; only Redis Cluster needs redis-py.  Found,
+    # not imported: importing it costs a tenth of a second, which all-local hits must not pay.
+    if cluster and _find_spec("redis") is None:
+        return None, ("the fleet store %s is a Redis Cluster (cluster=yes), which needs the redis-py client: "
+                      "pip install 'ptxbackend[redis]'" % shown)
     key_file = getattr(settings, "remote_key_file", None)
     if not key_file:
         return None, ("the fleet store is not used without a fleet key: set PTXBACKEND_REMOTE_KEY_FILE to a "
@@ -541,7 +603,8 @@ def open_remote(settings):
                             timeout=getattr(settings, "remote_timeout", 0.25) or 0.25,
                             namespace=getattr(settings, "remote_namespace", "ptxbackend") or "ptxbackend",
                             password=password,
-                            ttl=getattr(settings, "remote_ttl", 0) or 0)
+                            ttl=getattr(settings, "remote_ttl", 0) or 0,
+                            budget=getattr(settings, "remote_budget", DEFAULT_BUDGET))
     except ValueError as exc:
         return None, str(exc)
     return store, None

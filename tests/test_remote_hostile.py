@@ -1,0 +1,336 @@
+"""The fleet store against a hostile or impersonated server, forged locks and loose settings (issue 25).
+
+Each test's input is valid in every respect but the one its check is about, so removing the check
+makes the test fail (docs/reliability.md lists them).  Misbehaving servers are tests/fake_resp.py on
+loopback; everything else is the real valkey-server.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+import valkey_server
+from conftest import REPO
+from fake_resp import FakeServer, bulk
+from ptxbackend.cache import remote
+from ptxbackend.cache.remote import RemoteStore, open_remote, seal
+from test_remote_store import ENTRY, KEY32, Settings, _assert_off, private_file
+from test_remote_store import fleet_key, logged, namespace  # noqa: F401  (fixtures, shared)
+
+
+# -- row 2: replies out of protocol, out of bounds, or too slow -----------------------------------
+
+@pytest.mark.parametrize("reply", [b":5\r\n", b"*1\r\n$1\r\nx\r\n"])
+def test_a_reply_of_the_wrong_type_is_a_fault_not_a_traceback(reply, fleet_key, logged):
+    with FakeServer(lambda command: reply) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0)
+        assert store.get(ENTRY) is None
+        assert "where a string was expected" in store.state
+        _assert_off(store, logged, store.requests)  # nothing raises; the breaker tripped
+
+
+def test_a_4_gib_bulk_length_is_refused_before_anything_is_read(fleet_key, logged):
+    with FakeServer(lambda command: b"$4294967296\r\n") as server:
+        store = RemoteStore(server.url, fleet_key, timeout=5.0)
+        started = time.monotonic()
+        assert store.get(ENTRY) is None
+        assert time.monotonic() - started < 4.0  # refused at the length, not after waiting for the bytes
+        assert "bulk string of 4294967296, over the bound" in store.state
+
+
+def test_an_array_of_a_billion_items_is_refused(fleet_key, logged):
+    with FakeServer(lambda command: b"*1000000000\r\n") as server:
+        store = RemoteStore(server.url, fleet_key, timeout=5.0)
+        assert store.list() == []
+        assert "array of 1000000000, over the bound" in store.state
+
+
+def test_replies_each_under_the_bound_are_bounded_together():
+    """Three strings of 40000 bytes, each under a 50000-byte bound, are over what one operation may receive."""
+    from ptxbackend.cache import resp
+    page = b"*2\r\n$1\r\n0\r\n*3\r\n" + bulk(b"k" * 40000) * 3
+    with FakeServer(lambda command: page) as server:
+        client = resp.Client(resp.Endpoint(server.url), 5.0, max_reply=50000)
+        with pytest.raises(resp.Fault, match="more than %d bytes for one operation" % (50000 + resp.MAX_LINE)):
+            client.scan(b"*")
+
+
+def test_a_status_line_without_end_is_bounded(fleet_key, logged):
+    with FakeServer(lambda command: b"+" + b"x" * (200 << 10)) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=5.0)
+        assert store.ping() is False
+        assert "reply line is longer than" in store.state
+
+
+def test_a_trickling_reply_meets_one_deadline_for_the_whole_operation(fleet_key, logged):
+    """One byte every 0.1 s: each recv is quick, the operation is not (a 300-byte reply takes 30 s)."""
+    reply = bulk(b"v" * 300)
+    with FakeServer(lambda command: [reply[i:i + 1] for i in range(len(reply))], delay=0.1) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=0.5)
+        started = time.monotonic()
+        assert store.get(ENTRY) is None
+        assert time.monotonic() - started < 5.0
+        assert "deadline" in store.state
+
+
+@pytest.mark.toolkit
+def test_a_hostile_server_never_breaks_a_compile(nvcc13, monkeypatch, tmp_path):
+    import ptxbackend
+    key = private_file(tmp_path / "fleet.key", KEY32)
+    with FakeServer(lambda command: b"$4294967296\r\n" if command[0] == b"GETRANGE" else b":1\r\n") as server:
+        monkeypatch.setenv("PTXBACKEND_REMOTE", server.url)
+        monkeypatch.setenv("PTXBACKEND_REMOTE_KEY_FILE", key)
+        monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(tmp_path / "cache"))
+        source = 'extern "C" __global__ void hostile_%s(float* y) { y[0] = 1.0f; }\n' % uuid.uuid4().hex[:8]
+        art = ptxbackend.compile(source, target="compute_75")
+        assert art.image and not art.cache_hit
+
+
+# -- row 3: fleet locks are the fleet key's -------------------------------------------------------
+
+@pytest.fixture
+def store_and_raw(valkey, redis_module, namespace, fleet_key):
+    raw = redis_module.Redis.from_url(valkey.url)
+    yield RemoteStore(valkey.url, fleet_key, namespace=namespace, timeout=5.0), raw
+    raw.close()
+
+
+def _signed(key, lock_key, taken_ms):
+    token = b"0" * 32
+    taken = str(int(taken_ms)).encode()
+    return b".".join((token, taken, remote._lock_mac(key, lock_key.encode(), token, taken)))
+
+
+def _not_waited_for(store, lock_key_value, raw):
+    raw.set(store.lock_key(ENTRY), lock_key_value, px=60000)
+    before = store.requests
+    with store.lock(ENTRY, 5) as held:
+        assert held is False
+    assert store.requests - before == 1  # one look, no polling
+    assert store.stats()["entry"]["rejected"] == 1
+    assert raw.get(store.lock_key(ENTRY)) == lock_key_value  # ignored, not removed
+
+
+def test_a_lock_planted_by_a_password_holder_is_not_waited_for(store_and_raw):
+    store, raw = store_and_raw
+    _not_waited_for(store, b"planted by someone without the fleet key", raw)
+
+
+def test_a_lock_signed_with_another_key_is_not_waited_for(store_and_raw):
+    store, raw = store_and_raw
+    _not_waited_for(store, _signed(os.urandom(32), store.lock_key(ENTRY), time.time() * 1000), raw)
+
+
+def test_a_replayed_old_lock_is_not_waited_for(store_and_raw, fleet_key):
+    store, raw = store_and_raw
+    _not_waited_for(store, _signed(fleet_key, store.lock_key(ENTRY), (time.time() - 3600) * 1000), raw)
+
+
+def test_a_lock_of_this_fleet_is_waited_for(store_and_raw, fleet_key):
+    store, raw = store_and_raw
+    raw.set(store.lock_key(ENTRY), _signed(fleet_key, store.lock_key(ENTRY), time.time() * 1000), px=60000)
+    before = store.requests
+    with store.lock(ENTRY, 0.3) as held:
+        assert held is False
+    assert store.requests - before >= 2
+
+
+def test_a_server_answering_nil_to_every_lock_is_not_waited_for(fleet_key, logged):
+    with FakeServer(lambda command: b"$-1\r\n") as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0)
+        with store.lock(ENTRY, 30) as held:
+            assert held is False
+        assert store.requests == 1 and store.state == "ok"
+
+
+def test_integer_replies_take_no_lock_and_are_no_pong(fleet_key, logged):
+    """``:1`` equals True in Python: neither a taken lock nor a PONG may be read into it."""
+    with FakeServer(lambda command: b":1\r\n") as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0)
+        with store.lock(ENTRY, 30) as held:
+            assert held is False
+        assert store.ping() is False
+
+
+# -- row 13: a slow server costs a bounded time per process ------------------------------------------
+
+def test_a_server_just_under_the_timeout_trips_the_budget(fleet_key, logged):
+    with FakeServer(lambda command: b"$0\r\n\r\n", delay=0.15) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=0.5, budget=1.0)
+        for _ in range(30):
+            store.get(ENTRY)
+        assert "budget of 1.0 s" in store.state and "PTXBACKEND_REMOTE_BUDGET" in store.state
+        assert store.requests <= 8
+        assert len(logged.warnings()) == 1
+
+
+def test_cache_push_is_not_held_to_the_budget(valkey, namespace, fleet_key):
+    store = RemoteStore(valkey.url, fleet_key, namespace=namespace, timeout=5.0, budget=1e-9)
+    with store.unbudgeted():
+        store.put(ENTRY, b"kernel")
+        assert store.get(ENTRY) == b"kernel"
+    assert store.state == "ok"
+    store.get(ENTRY)
+    assert "budget" in store.state
+
+
+# -- row 14: settings that would loosen the store -----------------------------------------------------
+
+@pytest.mark.parametrize("query", ["socket_timeout=60", "socket_connect_timeout=60", "cluster=yes&socket_timeout=60",
+                                   "ssl_cert_reqs=none", "health_check_interval=1"])
+def test_url_arguments_cannot_loosen_the_timeout_or_tls(query, tmp_path):
+    key = private_file(tmp_path / "fleet.key", KEY32)
+    store, reason = open_remote(Settings(remote="rediss://:never-sent@127.0.0.1:9/0?" + query, remote_key_file=key))
+    assert store is None and "PTXBACKEND_REMOTE_TIMEOUT" in reason and "never-sent" not in reason
+
+
+@pytest.mark.parametrize("content", [b" " * 16, b" " * 40 + b"\n", b"a" * 32, b"abab" * 8])
+def test_a_key_file_of_blanks_or_one_repeated_byte_is_refused(content, tmp_path):
+    key = private_file(tmp_path / "fleet.key", content)
+    store, reason = open_remote(Settings(remote="redis://127.0.0.1:9/0", remote_key_file=key))
+    assert store is None and "random bytes" in reason
+
+
+def _root_only():
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("needs root to give a socket to another user")
+
+
+def test_a_unix_socket_of_another_user_where_anyone_can_create_files_is_refused(server_binary, fleet_key,
+                                                                                 namespace, logged):
+    _root_only()
+    base = tempfile.mkdtemp(prefix="ptxs", dir="/tmp")  # short: a socket path is at most 107 bytes
+    try:
+        shared = os.path.join(base, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o1777)  # like /tmp
+        path = os.path.join(shared, "v.sock")
+        server = valkey_server.Server(server_binary, os.path.join(base, "w"),
+                                      extra=["--unixsocket", path, "--unixsocketperm", "777"]).start()
+        try:
+            url = "unix://:%s@%s" % (server.password, path)
+            os.chown(path, 65534, 65534)
+            store = RemoteStore(url, fleet_key, namespace=namespace, timeout=5.0)
+            assert store.get(ENTRY) is None
+            assert "belongs to uid 65534" in store.state
+            assert server.password not in logged.warnings()[0]
+            os.chown(shared, 65534, 65534)
+            os.chmod(shared, 0o755)  # a directory of the server's own user: only it can have made the socket
+            store = RemoteStore(url, fleet_key, namespace=namespace, timeout=5.0)
+            store.put(ENTRY, b"kernel")
+            assert store.get(ENTRY) == b"kernel" and store.state == "ok"
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_config_file_giving_the_password_to_everyone_is_warned_about(tmp_path, monkeypatch, logged):
+    from ptxbackend import config
+    path = tmp_path / "config.ini"
+    path.write_text(u"[ptxbackend]\nremote = redis://:s3cret@cache.plant.local:6379/0\n")
+    monkeypatch.setenv("PTXBACKEND_CONFIG", str(path))
+    os.chmod(str(path), 0o600)
+    config.load_settings()
+    assert not [w for w in logged.warnings() if "password" in w]
+    os.chmod(str(path), 0o644)
+    assert config.load_settings().remote.endswith("cache.plant.local:6379/0")
+    warned = [w for w in logged.warnings() if "password" in w]
+    assert len(warned) == 1 and "chmod 600" in warned[0] and "s3cret" not in warned[0]
+
+
+# -- row 7: the password is never printed ----------------------------------------------------------------
+
+@pytest.mark.parametrize("url", ["redis://:s3cret@127.0.0.1:9/0", "redis://127.0.0.1:9/0?password=s3cret",
+                                 "redis://:p@ss#s3cret@127.0.0.1:9/0"])
+@pytest.mark.parametrize("with_key", [True, False])
+def test_doctor_never_prints_the_password(url, with_key, tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_REMOTE=url, PTXBACKEND_CACHE_DIR=str(tmp_path / "c"),
+               PTXBACKEND_CONFIG=str(tmp_path / "none.ini"))
+    (tmp_path / "none.ini").write_text(u"")
+    os.chmod(str(tmp_path / "none.ini"), 0o600)
+    if with_key:
+        env["PTXBACKEND_REMOTE_KEY_FILE"] = private_file(tmp_path / "fleet.key", KEY32)
+    for extra in ([], ["--json"]):
+        run = subprocess.run([sys.executable, "-m", "ptxbackend", "doctor"] + extra, env=env, cwd=str(tmp_path),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        out = run.stdout.decode("utf-8", "replace")
+        assert "s3cret" not in out and "p@ss" not in out, out
+        assert ("127.0.0.1" in out) == ("#" not in url)  # '#' starts the fragment: the host is "ss"
+        if extra:
+            json.loads(out[out.index("{"):])
+
+
+def test_redact_url_rebuilds_from_the_parsed_parts():
+    assert remote.redact_url("rediss://user:p@ss@host:6380/2?password=x&db=1") == "rediss://user:***@host:6380/2?db=1"
+    assert "s3" not in remote.redact_url("redis://:s3#cret@host/0")
+    assert "s3cret" not in remote.redact_url("redis://:s3cret@[::1")
+
+
+# -- row 11: the documented ACL, literally ---------------------------------------------------------------
+
+def _documented_acl():
+    text = open(os.path.join(REPO, "docs", "fleet.md")).read()
+    lines = re.findall(r"^\s*(ACL SETUSER .+)$", text, re.M)
+    assert len(lines) == 2, lines
+    return lines
+
+
+def test_the_documented_acl_lets_a_line_pc_read_and_nothing_else(valkey, redis_module, namespace, fleet_key):
+    admin = redis_module.Redis.from_url(valkey.url)
+    users = {"line-pc": "lp-" + uuid.uuid4().hex, "build-box": "bb-" + uuid.uuid4().hex}
+    names = {"line-pc": "line-" + namespace, "build-box": "build-" + namespace}
+    try:
+        for line in _documented_acl():
+            for user in users:
+                line = line.replace(">%s-PASSWORD" % user.upper(), ">" + users[user])
+                line = re.sub(r"\b%s\b" % user, names[user], line)
+            admin.execute_command(*line.replace("line-a", namespace).split())
+
+        def url(user):
+            return "redis://%s:%s@127.0.0.1:%d/0" % (names[user], users[user], valkey.port)
+        build_box = RemoteStore(url("build-box"), fleet_key, namespace=namespace, timeout=5.0, ttl=60)
+        with build_box.lock(ENTRY, 1) as held:
+            assert held is True
+            build_box.put(ENTRY, b"kernel")
+        assert build_box.list() == [ENTRY] and build_box.ping() and build_box.state == "ok"
+
+        line_pc = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="ro", ttl=60)
+        assert line_pc.get(ENTRY) == b"kernel" and line_pc.ping() and line_pc.state == "ok"
+
+        # The same user with a store set to rw by mistake: the server refuses every write and lock.
+        misused = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="rw")
+        misused.put(ENTRY, b"forged")
+        misused.delete(ENTRY)
+        with misused.lock(ENTRY, 1) as held:
+            assert held is False
+        assert misused.get(ENTRY) == b"kernel" and misused.state == "ok"
+        raw = redis_module.Redis.from_url(url("line-pc"))
+        for attempt in (lambda: raw.set(build_box.lock_key(ENTRY), b"x", nx=True, px=1000),
+                        lambda: raw.set(build_box.redis_key(ENTRY), b"x"),
+                        lambda: raw.delete(build_box.redis_key(ENTRY))):
+            with pytest.raises(redis_module.exceptions.ResponseError, match="NOPERM|permission"):
+                attempt()
+        raw.close()
+    finally:
+        for name in names.values():
+            admin.execute_command("ACL", "DELUSER", name)
+        admin.close()
+
+
+def test_seal_is_what_a_build_box_uploads(valkey, redis_module, namespace, fleet_key):
+    """The documented value format still holds over the new client."""
+    store = RemoteStore(valkey.url, fleet_key, namespace=namespace, timeout=5.0)
+    store.put(ENTRY, b"kernel")
+    raw = redis_module.Redis.from_url(valkey.url)
+    key = store.redis_key(ENTRY)
+    assert raw.get(key) == seal(fleet_key, key.encode(), b"kernel")
+    raw.close()
