@@ -19,6 +19,7 @@ import sys
 JIT_CACHE_DEFAULT = 4 << 30
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DIGITS = frozenset("0123456789")
+_SIZE_MAX = 1 << 60
 _reported = []
 
 
@@ -42,12 +43,13 @@ def parse_size(text):
     whole, dot, fraction = number.partition(".")
     if not whole or not _DIGITS.issuperset(whole) or (dot and not (fraction and _DIGITS.issuperset(fraction))):
         raise ValueError("not a size: %r (write e.g. 4G, 512M or a number of bytes)" % (text,))
-    if not dot:
-        return int(whole) * _SIZE_UNITS[unit]
     try:
-        return int(float(number) * _SIZE_UNITS[unit])
+        size = int(whole) * _SIZE_UNITS[unit] if not dot else int(float(number) * _SIZE_UNITS[unit])
     except OverflowError:  # hundreds of digits: float() gives inf, int(inf) overflows
+        size = _SIZE_MAX + 1
+    if size > _SIZE_MAX:  # reports divide it as a float: a larger one overflows there
         raise ValueError("not a size: %r is too large (write e.g. 4G)" % (text,))
+    return size
 
 
 def report(problem):
