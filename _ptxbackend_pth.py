@@ -21,11 +21,18 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DIGITS = frozenset("0123456789")
 _SIZE_MAX = 1 << 60
 _reported = []
+set_by_hook = {}  # variable -> the value the hook gave it: `doctor` tells these from the user's
 
 
 def disabled():
-    """Whether ``PTXBACKEND_DISABLE`` turns ptxbackend off: read here only, so hook and package agree."""
-    return os.environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether ``PTXBACKEND_DISABLE`` turns ptxbackend off: read here only, so hook and package agree.
+    A value that is neither yes nor no is said once (``maybe`` must not pass for "off" unnoticed)."""
+    value = os.environ.get("PTXBACKEND_DISABLE", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value not in ("", "0", "false", "no", "off"):
+        report("PTXBACKEND_DISABLE=%r is neither 1 nor 0; the hook stays on" % os.environ["PTXBACKEND_DISABLE"])
+    return False
 
 
 def parse_size(text):
@@ -76,7 +83,7 @@ def size_jit_cache():
         except ValueError:
             report("PTXBACKEND_JIT_CACHE_MAXSIZE=%r is not a size (e.g. 4G); using 4G" % raw)
     if size > 0:
-        environ["CUDA_CACHE_MAXSIZE"] = str(size)
+        environ["CUDA_CACHE_MAXSIZE"] = set_by_hook["CUDA_CACHE_MAXSIZE"] = str(size)
 
 
 def use_imported_jit_cache():
@@ -95,7 +102,7 @@ def use_imported_jit_cache():
                             "ptxbackend")
     candidate = os.path.join(os.path.expanduser(root), "driver-jit")
     if os.path.isdir(candidate):
-        environ["CUDA_CACHE_PATH"] = candidate
+        environ["CUDA_CACHE_PATH"] = set_by_hook["CUDA_CACHE_PATH"] = candidate
 
 
 def _boot():
