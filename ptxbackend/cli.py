@@ -152,8 +152,8 @@ def _cmd_cache(args):
 
 
 def _cache_exists(settings):
-    from .cache.layout import LAYOUT
-    return os.path.isdir(os.path.join(os.path.expanduser(settings.cache_dir), LAYOUT))
+    # Anything at the root (an old layout, a file by mistake) goes through the store, which reports it.
+    return os.path.lexists(os.path.expanduser(settings.cache_dir))
 
 
 def _fleet_store(settings, what):
