@@ -281,7 +281,7 @@ def render(report):
         lines.append("settings:")
         width = max(len(name) for name in report["settings"])
         shown = dict((name, _shown(info["value"])) for name, info in report["settings"].items())
-        value_width = min(max(len(v) for v in shown.values()), 40)
+        value_width = max(len(v) for v in shown.values())
         for name, info in sorted(report["settings"].items()):
             lines.append("  %-*s  %-*s  (%s)" % (width, name, value_width, shown[name], info["from"]))
     if report.get("environment"):
