@@ -133,7 +133,7 @@ def _cmd_cache(args):
             print("exported %d entries from %s to %s (%d bytes)" % (count, store.root, args.file,
                                                                    os.path.getsize(args.file)))
             return 0
-        userfiles.open_input(args.file, "bundle").close()  # a FIFO or device is refused, never waited on
+        _check_bundle_file(args.file)
         if driverjit.is_bundle(args.file):
             settings = load_settings(cache_dir=args.cache_dir)
             manifest = driverjit.install(args.file, settings.cache_dir, driverjit.this_machine(),
@@ -149,6 +149,17 @@ def _cmd_cache(args):
             print("imported %s into %s: %d entries added, %d already present (all checksums verified)"
                   % (args.file, store.root, added, present))
     return 0
+
+
+def _check_bundle_file(path):
+    """A FIFO or device is refused, never waited on; so is a file that is no gzip stream, which
+    tarfile's format guessing would read to its end (minutes for gigabytes of zeros)."""
+    from . import userfiles
+    with userfiles.open_input(path, "bundle") as handle:
+        magic = handle.read(2)
+    if magic != b"\x1f\x8b":
+        raise PtxBackendError("%s is not a ptxbackend bundle: `ptxbackend cache export` and `warm "
+                              "--driver-jit-bundle` write gzip-compressed tar files, and it is not one" % path)
 
 
 def _cache_exists(settings):

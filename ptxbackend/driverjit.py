@@ -169,7 +169,7 @@ def pack(jit_dir, libraries, destination, machine, key=None, force=False):
 def is_bundle(source):
     """Whether ``source`` is a driver-JIT bundle (its first member is the manifest)."""
     try:
-        with tarfile.open(source, "r:*") as archive:
+        with tarfile.open(source, "r:gz") as archive:  # what pack() writes; "r:*" would also try xz
             first = archive.next()
             return first is not None and first.name == MANIFEST
     except (tarfile.TarError, OSError, EOFError, ValueError):

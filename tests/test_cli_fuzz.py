@@ -37,6 +37,8 @@ def _files(tmp):
         handle.write(b"[ptxbackend]\n")
         handle.truncate(108 << 20)
     os.chmod(str(tmp / "huge.ini"), 0o600)
+    with open(str(tmp / "zeros.tgz"), "wb") as handle:  # 2 GiB of zeros, sparse: xz guessing read it all
+        handle.truncate(2 << 30)
     (tmp / "evil.sh").write_text("#!/bin/sh\ntouch %s\nexec gcc \"$@\"\n" % (tmp / "evil-ran"))
     os.chmod(str(tmp / "evil.sh"), 0o700)
     for name, record in MANIFESTS.items():
@@ -118,6 +120,7 @@ CASES = [
     (["compile", "{t}/k.cu", "--device-cc", "7.5", "-o", "{t}/fifo"], {}),
     (["cache", "import", "{t}/fifo"], {}),
     (["cache", "import", "/dev/zero"], {}),
+    (["cache", "import", "{t}/zeros.tgz"], {}),
     (["warm", "{t}/fifo"], {}),
     (["cache", "info"], {"PTXBACKEND_CONFIG": "{t}/huge.ini"}),
     # what succeeded where it should not
