@@ -164,7 +164,8 @@ def run_case(case):
         args = [fill(a).encode("utf-8", "surrogateescape") if "\udcff" in a else fill(a) for a in argv]
         before = snapshot(tmp)
         try:
-            proc = subprocess.run([sys.executable, "-m", "ptxbackend"] + args, env=full_env,
+            # Run inside the scratch directory: a relative path in a case lands there, where it is seen.
+            proc = subprocess.run([sys.executable, "-m", "ptxbackend"] + args, env=full_env, cwd=tmp,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   timeout=HANG_S)
             out = (proc.stdout + proc.stderr).decode("utf-8", "replace")
@@ -175,10 +176,14 @@ def run_case(case):
         allowed = set()
         if output and code == 0:
             allowed.add(os.path.abspath(fill(output)))
+        cache = os.path.join(tmp, "cache")
         if env.get("PTXBACKEND_RECORD") and code == 0:  # the manifest named to be appended to
-            allowed.add(os.path.abspath(fill(env["PTXBACKEND_RECORD"])))
+            allowed.add(os.path.join(tmp, fill(env["PTXBACKEND_RECORD"])))
+        if env.get("PTXBACKEND_CACHE_DIR", "").strip():  # a relative one is a cache inside the scratch dir
+            cache = os.path.join(tmp, fill(env["PTXBACKEND_CACHE_DIR"]))
         touched = sorted(p for p in set(before) | set(after)
-                         if before.get(p) != after.get(p) and p not in allowed)
+                         if before.get(p) != after.get(p) and p not in allowed
+                         and not (p + os.sep).startswith(cache.rstrip(os.sep) + os.sep))
         return {"class": group, "argv": argv, "env": env, "code": code, "hung": hung,
                 "traceback": "Traceback" in out, "touched": touched, "tail": out.strip()[-300:]}
     finally:

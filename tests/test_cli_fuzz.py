@@ -37,6 +37,8 @@ def _files(tmp):
         handle.write(b"[ptxbackend]\n")
         handle.truncate(108 << 20)
     os.chmod(str(tmp / "huge.ini"), 0o600)
+    with open(str(tmp / "long-line.jsonl"), "wb") as handle:  # one 100 MiB line, sparse
+        handle.truncate(100 << 20)
     with open(str(tmp / "zeros.tgz"), "wb") as handle:  # 2 GiB of zeros, sparse: xz guessing read it all
         handle.truncate(2 << 30)
     (tmp / "evil.sh").write_text("#!/bin/sh\ntouch %s\nexec gcc \"$@\"\n" % (tmp / "evil-ran"))
@@ -122,6 +124,9 @@ CASES = [
     (["cache", "import", "/dev/zero"], {}),
     (["cache", "import", "{t}/zeros.tgz"], {}),
     (["warm", "{t}/fifo"], {}),
+    (["compile", "{t}/huge.ini"], {}),
+    (["warm", "{t}/long-line.jsonl"], {}),
+    (["warm", "{t}/zeros.tgz"], {}),
     (["cache", "info"], {"PTXBACKEND_CONFIG": "{t}/huge.ini"}),
     # what succeeded where it should not
     (["cache", "export", "{t}/fifo", "--force"], {}),
@@ -163,6 +168,14 @@ SAYS = {
     "warm {t}/compiler-bindir-eq.jsonl": "--compiler-bindir",
     "warm {t}/key-number.jsonl": "'key'",
     "compile {t}/k.cu --device-cc 7.5 PTXBACKEND_NVRTC": "/nope.so",
+    "cache info PTXBACKEND_CONFIG={t}/huge.ini": "a ptxbackend config file is a few lines",
+    "cache info PTXBACKEND_CONFIG={t}/upper.ini": "[PTXBACKEND]",
+    "compile {t}/huge.ini": "more than the",
+    "warm {t}/long-line.jsonl": "a line of more than",
+    "warm {t}/zeros.tgz": "more than the",
+    "cache import {t}/zeros.tgz": "not a ptxbackend bundle",
+    "cache export {t}/fifo --force": "FIFO",
+    "compile {t}/k.cu --device-cc 7.5 -o {t}/fifo": "FIFO",
 }
 
 
@@ -201,7 +214,8 @@ def test_bad_input_gives_a_short_error_and_no_traceback(tmp_path, argv, env):
     # Nothing outside the cache is written, replaced or run (evil.sh would leave evil-ran).
     assert _snapshot(tmp_path) == before
     said = [text for marker, text in SAYS.items()
-            if marker == " ".join(argv) or marker == " ".join(argv + sorted(env))]
+            if marker in (" ".join(argv), " ".join(argv + sorted(env)),
+                          " ".join(argv + ["%s=%s" % item for item in sorted(env.items())]))]
     for text in said:
         assert text in proc.stderr + proc.stdout, (text, proc.stderr)
     if argv == ["doctor"]:  # a report, not an error: its problems are listed on stdout
