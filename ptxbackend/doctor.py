@@ -114,7 +114,7 @@ def _hook_report(warnings):
     report = {"pth_files": files, "active": active, "disabled": disabled}
     if not files:
         warnings.append("ptxbackend.pth is not in any site-packages directory: CuPy is not switched at "
-                        "start-up. Reinstall with `pip install ptxbackend`, or call ptxbackend.install().")
+                        "start-up. Reinstall from the checkout (`python -m pip install .`), or call ptxbackend.install().")
     elif not active and not disabled and sys.flags.no_site:
         warnings.append("this interpreter runs with -S, so the start-up hook did not run.")
     try:

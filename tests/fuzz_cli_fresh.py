@@ -180,7 +180,7 @@ def run_case(case):
         if env.get("PTXBACKEND_RECORD") and code == 0:  # the manifest named to be appended to
             allowed.add(os.path.join(tmp, fill(env["PTXBACKEND_RECORD"])))
         if env.get("PTXBACKEND_CACHE_DIR", "").strip():  # a relative one is a cache inside the scratch dir
-            cache = os.path.join(tmp, fill(env["PTXBACKEND_CACHE_DIR"]))
+            cache = os.path.normpath(os.path.join(tmp, fill(env["PTXBACKEND_CACHE_DIR"])))
         touched = sorted(p for p in set(before) | set(after)
                          if before.get(p) != after.get(p) and p not in allowed
                          and not (p + os.sep).startswith(cache.rstrip(os.sep) + os.sep))
