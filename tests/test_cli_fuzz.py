@@ -247,8 +247,9 @@ def hanging_nvcc(tmp_path, nvcc13):
     """A wrapper that answers nvcc's probes but never returns from a compile (its child sleeps on)."""
     wrapper = tmp_path / "bin" / "nvcc"
     wrapper.parent.mkdir()
-    wrapper.write_text('#!/bin/sh\ncase "$*" in *" -o "*) echo $$ > %s; sleep 1000; exit 0;; esac\nexec %s "$@"\n'
-                       % (tmp_path / "started", nvcc13))
+    # The sleep's pid is recorded: a child of nvcc that only a kill of the whole group stops.
+    wrapper.write_text('#!/bin/sh\ncase "$*" in *" -o "*) sleep 1000 & echo $! > %s; wait; exit 0;; esac\n'
+                       'exec %s "$@"\n' % (tmp_path / "started", nvcc13))
     os.chmod(str(wrapper), 0o755)
     (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n')
     return str(wrapper)
@@ -304,6 +305,9 @@ def test_a_fifo_as_the_record_manifest_is_refused_without_a_hang_or_a_lock_file(
     os.mkfifo(str(tmp_path / "record.fifo"))
     proc = _run(tmp_path, "compile", str(tmp_path / "k.cu"), "--device-cc", "7.5",
                 env={"PTXBACKEND_RECORD": str(tmp_path / "record.fifo")}, timeout=60)
+    assert proc.returncode == 0 and "cannot record" in proc.stderr, proc.stderr
+    proc = _run(tmp_path, "compile", str(tmp_path / "k.cu"), "--device-cc", "7.5",
+                env={"PTXBACKEND_RECORD": os.devnull}, timeout=60)  # a device: recorded nowhere, said
     assert proc.returncode == 0 and "cannot record" in proc.stderr, proc.stderr
     proc = _run(tmp_path, "compile", str(tmp_path / "k.cu"), "--device-cc", "7.5",
                 env={"PTXBACKEND_RECORD": str(tmp_path / "m.jsonl")}, timeout=60)
