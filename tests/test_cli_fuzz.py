@@ -380,3 +380,29 @@ def test_the_hook_says_once_that_an_unknown_disable_value_leaves_it_on(tmp_path)
     proc = subprocess.run([sys.executable, "-c", "import _ptxbackend_pth as h; h.install(); h.install()"],
                           env=env, stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
     assert proc.stderr.count("PTXBACKEND_DISABLE='maybe'") == 1, proc.stderr
+
+
+def test_setup_py_install_records_the_hook_files_and_byte_compiles_the_hook(tmp_path):
+    """pip 21 on Python 3.6 without `wheel` runs `setup.py install`: `pip uninstall` removes what the
+    record lists, and the hook module imported at every start must have its .pyc even under
+    PYTHONDONTWRITEBYTECODE (distutils skips every module then)."""
+    pytest.importorskip("setuptools")
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("setup.py", "setup.cfg", "MANIFEST.in", "README.md", "_ptxbackend_pth.py", "_ptxbackend_boot.py",
+                 "ptxbackend.pth", "ptxbackend.start"):
+        shutil.copy(os.path.join(REPO, name), str(source / name))
+    shutil.copytree(os.path.join(REPO, "ptxbackend"), str(source / "ptxbackend"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    record = tmp_path / "record.txt"
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "install", "--root", str(tmp_path / "root"),
+                           "--record", str(record), "--single-version-externally-managed"], cwd=str(source),
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    names = [os.path.basename(line) for line in record.read_text().splitlines()]
+    assert "ptxbackend.pth" in names and "ptxbackend.start" in names
+    compiled = [line for line in record.read_text().splitlines()
+                if os.path.basename(line).startswith("_ptxbackend_pth.") and line.endswith(".pyc")]
+    assert compiled and all(os.path.isfile(str(tmp_path / "root") + path) for path in compiled), compiled
