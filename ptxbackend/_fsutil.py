@@ -257,7 +257,13 @@ def open_directory(path, dir_fd=None):
 
 def walk_files(root_fd, top):
     """Yield ``(directory_fd, relative_dir, name, stat)`` for every file below ``top`` (relative to
-    ``root_fd``), without following symlinks.  ``directory_fd`` is valid only until the next item."""
+    ``root_fd``), without following symlinks.  ``directory_fd`` is valid only until the next item.
+    A missing ``top`` has no files (``os.fwalk`` would raise: `cache push` of a cache with no
+    dependency sets yet said "No such file or directory: 'depsets'")."""
+    try:
+        os.stat(top, dir_fd=root_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
     for relative_dir, _dirs, names, dir_fd in os.fwalk(top, dir_fd=root_fd, follow_symlinks=False):
         for name in names:
             try:

@@ -104,12 +104,13 @@ def _cmd_cache(args):
         cache = open_cache(settings)
         _fleet_store(settings, "cache push")
         if not cache.remote.writable:
-            raise PtxBackendError("cache push: the fleet store %s is read-only here "
+            raise PtxBackendError("cache push: the %s is read-only here "
                                   "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)
         files, size = cache.push()
         state = cache.remote.stats().get("state", "ok")
         if state != "ok":
-            raise PtxBackendError("cache push to %s failed: %s" % (cache.remote.description, state))
+            why = state[len("failed: "):] if state.startswith("failed: ") else state
+            raise PtxBackendError("cache push to the %s failed: %s" % (cache.remote.description, why))
         print("pushed %d files (%.2f MiB) from %s to %s" % (files, size / 1048576.0, store.root,
                                                            cache.remote.description))
     elif args.action == "clear":

@@ -263,9 +263,11 @@ def _remote_report(settings, problems, warnings):
     reachable = remote.ping() if hasattr(remote, "ping") else None
     stats = remote.stats()
     if not reachable:
-        warnings.append("the fleet store %s does not answer (%s): programs go on with their local cache, "
-                        "paying at most one timeout (%.2f s) each" % (remote.description, stats.get("state"),
-                                                                      settings.remote_timeout))
+        state = str(stats.get("state"))
+        warnings.append("the %s does not answer (%s): programs go on with their local cache, "
+                        "paying at most one timeout (%.2f s) each" % (
+                            remote.description, state[len("failed: "):] if state.startswith("failed: ") else state,
+                            settings.remote_timeout))
     return {"description": remote.description, "mode": settings.remote_mode, "reachable": bool(reachable),
             "stats": stats}
 
@@ -297,8 +299,8 @@ def render(report):
     remote = report.get("remote")
     if remote:
         if "description" in remote:
-            lines.append("fleet store: %s, %s, %s" % (remote["description"], remote["mode"],
-                                                     "reachable" if remote["reachable"] else "NOT reachable"))
+            lines.append("%s: %s" % (remote["description"], "reachable" if remote["reachable"] else
+                                     "NOT reachable"))
             stats = remote.get("stats") or {}
             lines.append("  this process: " + "; ".join(
                 "%s %s" % (level, ", ".join("%s %d" % (k, v) for k, v in sorted(stats[level].items())))

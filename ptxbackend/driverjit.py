@@ -100,7 +100,7 @@ def download(remote, machine, destination):
     name = fleet_name(machine)
     blob = remote.get(name)
     if blob is None:
-        raise CacheError("the fleet store %s has no driver JIT set for %s (%s): warm and export one on a "
+        raise CacheError("the %s has no driver JIT set for %s (%s): warm and export one on a "
                          "machine with that driver and GPU, with the fleet store configured"
                          % (remote.description, name, remote.stats().get("state", "")))
     fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

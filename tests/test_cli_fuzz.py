@@ -406,3 +406,19 @@ def test_setup_py_install_records_the_hook_files_and_byte_compiles_the_hook(tmp_
     compiled = [line for line in record.read_text().splitlines()
                 if os.path.basename(line).startswith("_ptxbackend_pth.") and line.endswith(".pyc")]
     assert compiled and all(os.path.isfile(str(tmp_path / "root") + path) for path in compiled), compiled
+
+
+@pytest.mark.parametrize("argv", [["cache", "push"], ["doctor"]])
+def test_a_fleet_store_that_does_not_answer_is_named_once_and_failed_once(tmp_path, argv):
+    pytest.importorskip("redis")
+    key = tmp_path / "fleet.key"
+    key.write_text("k" * 32)
+    os.chmod(str(key), 0o600)
+    proc = _run(tmp_path, *argv, env={"PTXBACKEND_REMOTE": "redis://127.0.0.1:1/0",  # nothing listens on 1
+                                      "PTXBACKEND_REMOTE_KEY_FILE": str(key)})
+    text = proc.stdout + proc.stderr
+    # doctor: an unreachable store is a warning (exit 0 unless something else is a problem)
+    assert proc.returncode == (1 if argv[0] == "cache" else proc.returncode) and "Traceback" not in text, text
+    assert "does not answer" in text or "cache push to the fleet store" in text, text
+    assert "fleet store fleet store" not in text and "the fleet store fleet" not in text, text
+    assert "failed: failed" not in text and "(failed: " not in text, text
