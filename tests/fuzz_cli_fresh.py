@@ -183,7 +183,8 @@ def run_case(case):
             cache = os.path.normpath(os.path.join(tmp, fill(env["PTXBACKEND_CACHE_DIR"])))
         touched = sorted(p for p in set(before) | set(after)
                          if before.get(p) != after.get(p) and p not in allowed
-                         and not (p + os.sep).startswith(cache.rstrip(os.sep) + os.sep))
+                         and not (p + os.sep).startswith(cache.rstrip(os.sep) + os.sep)
+                         and not cache.startswith(p + os.sep))  # the directories leading to the cache
         return {"class": group, "argv": argv, "env": env, "code": code, "hung": hung,
                 "traceback": "Traceback" in out, "touched": touched, "tail": out.strip()[-300:]}
     finally:
