@@ -27,13 +27,14 @@ KERNEL = 'extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n'
 RECORD = {"key": "ab" * 32, "source": KERNEL, "options": [], "target": "compute_75", "compiler": "nvcc",
           "name": "k.cu"}
 
-# Bad things to hand a command where it takes a file: each is made in the scratch directory.
-BAD_FILES = ["missing", "a-dir", "fifo", "/dev/zero", "/dev/null", "/dev/full", "empty", "binary", "", "-",
-             "loop-link", "link-to-fifo", "huge-sparse", "name\nwith newline", "x" * 5000, "/proc/self/status",
-             "/etc/passwd", "bad-utf8-\udcff"]
+# Bad things to hand a command where it takes a file, all made in the scratch directory: a case must
+# never name a real system file or device, which a broken check (as root) would replace.
+BAD_FILES = ["missing", "a-dir", "fifo", "zero-device", "null-device", "full-device", "empty", "binary", "", "-",
+             "loop-link", "link-to-fifo", "huge-sparse", "name\nwith newline", "x" * 5000, "proc-file",
+             "not-mine", "bad-utf8-\udcff"]
 # Bad values for settings.
 BAD_VALUES = ["", "   ", "maybe", "-1", "nan", "inf", "1e400", "9" * 400 + "T", "\x01", "x" * 10000, "[::1",
-              "redis://[::1", "0", "é", "/nope", "../../etc"]
+              "redis://[::1", "0", "é", "{t}/nope", "sub/../up"]  # paths stay inside the scratch dir
 KNOB_VARIABLES = ["PTXBACKEND_TARGET", "PTXBACKEND_COMPILER", "PTXBACKEND_NVCC", "PTXBACKEND_NVRTC",
                   "PTXBACKEND_DEVICE_CC", "PTXBACKEND_CACHE_DIR", "PTXBACKEND_CACHE_MAX_SIZE",
                   "PTXBACKEND_CUBIN_CACHE", "PTXBACKEND_LOCK_TIMEOUT", "PTXBACKEND_COMPILE_TIMEOUT",
@@ -85,17 +86,17 @@ def cases():
     found = []
     for place, make, output in FILE_PLACES:
         for bad in BAD_FILES:
-            path = bad if bad.startswith("/") or bad in ("", "-") else "{t}/" + bad
+            path = bad if bad in ("", "-") else "{t}/" + bad
             found.append((place, make(path), {}, path if output else None))
     for variable in KNOB_VARIABLES:
         for value in BAD_VALUES:
-            if variable in ("PTXBACKEND_CONFIG", "PTXBACKEND_RECORD") and value.startswith(("/", "..")):
+            if variable in ("PTXBACKEND_CONFIG", "PTXBACKEND_RECORD") and value.startswith("{t}"):
                 continue  # files are the file classes' job
             command = COMMANDS_FOR_VALUES[len(found) % 2]
             found.append(("setting " + variable, command, {variable: value}, None))
     for variable in ("PTXBACKEND_CONFIG", "PTXBACKEND_RECORD"):
-        for bad in ("fifo", "a-dir", "/dev/zero", "huge-sparse", "loop-link"):
-            path = bad if bad.startswith("/") else "{t}/" + bad
+        for bad in ("fifo", "a-dir", "zero-device", "huge-sparse", "loop-link"):
+            path = "{t}/" + bad
             found.append(("file in " + variable, ["compile", "{t}/k.cu", "--device-cc", "7.5"], {variable: path},
                           None))
     for number, line in enumerate(MANIFEST_LINES):
@@ -121,6 +122,14 @@ def make_files(tmp):
     write("opts", b"-ccbin %s/evil.sh\n" % tmp.encode())
     os.mkdir(os.path.join(tmp, "a-dir"))
     os.mkfifo(os.path.join(tmp, "fifo"))
+    if os.geteuid() == 0:  # copies of the real nodes (null, zero, full): the real ones are never named
+        for name, minor in (("null-device", 3), ("zero-device", 5), ("full-device", 7)):
+            os.mknod(os.path.join(tmp, name), stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    else:
+        for name in ("null-device", "zero-device", "full-device"):
+            os.symlink("/dev/" + name.split("-")[0], os.path.join(tmp, name))  # cannot be replaced: not root
+    os.symlink("/proc/self/status", os.path.join(tmp, "proc-file"))
+    write("not-mine", b"root's file\n", 0o644)
     os.symlink("loop-link", os.path.join(tmp, "loop-link"))
     os.symlink("fifo", os.path.join(tmp, "link-to-fifo"))
     with open(os.path.join(tmp, "huge-sparse"), "wb") as handle:
@@ -144,8 +153,9 @@ def snapshot(tmp):
                 with open(path, "rb") as handle:
                     digest = hashlib.sha256(handle.read()).hexdigest()
             found[path] = (stat.S_IFMT(st.st_mode), st.st_size, stat.S_IMODE(st.st_mode), digest)
-    for device in ("/dev/null", "/dev/zero", "/dev/full"):
-        found[device] = stat.S_IFMT(os.lstat(device).st_mode)
+    for system in ("/dev/null", "/dev/zero", "/dev/full", "/etc/passwd"):
+        st = os.lstat(system)
+        found[system] = (stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime)
     return found
 
 
