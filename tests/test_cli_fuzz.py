@@ -152,6 +152,9 @@ CASES = [
     (["doctor"], {"PTXBACKEND_DISABLE": "maybe"}),
     (["doctor"], {"PTXBACKEND_LIBCUDA": "/nope.so"}),
     (["doctor"], {"PTXBACKEND_CACHE_MAX_SIZE": "9" * 30 + "T"}),
+    # a remote URL that does not parse (the library turns the store off; the CLI says so, exit 1)
+    (["cache", "push"], {"PTXBACKEND_REMOTE": "redis://[::1"}),
+    (["doctor"], {"PTXBACKEND_REMOTE": "redis://[::1"}),
     # misleading
     (["cache", "export", "-"], {}),
     (["compile", "-", "--device-cc", "7.5", "-o", "-"], {}),
@@ -172,6 +175,7 @@ SAYS = {
     "warm {t}/key-number.jsonl": "'key'",
     "compile {t}/k.cu --device-cc 7.5 PTXBACKEND_NVRTC": "/nope.so",
     "cache info PTXBACKEND_CONFIG={t}/huge.ini": "a ptxbackend config file is a few lines",
+    "cache push PTXBACKEND_REMOTE": "not a valid URL",
     "cache info PTXBACKEND_CONFIG={t}/upper.ini": "[PTXBACKEND]",
     "compile {t}/huge.ini": "more than the",
     "warm {t}/long-line.jsonl": "a line of more than",
