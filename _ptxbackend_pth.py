@@ -20,12 +20,20 @@ import sys
 JIT_CACHE_DEFAULT = 4 << 30
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _DIGITS = frozenset("0123456789")
+_SIZE_MAX = 1 << 60
 _reported = []
+set_by_hook = {}  # variable -> the value the hook gave it: `doctor` tells these from the user's
 
 
 def disabled():
-    """Whether ``PTXBACKEND_DISABLE`` turns ptxbackend off: read here only, so hook and package agree."""
-    return os.environ.get("PTXBACKEND_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether ``PTXBACKEND_DISABLE`` turns ptxbackend off: read here only, so hook and package agree.
+    A value that is neither yes nor no is said once (``maybe`` must not pass for "off" unnoticed)."""
+    value = os.environ.get("PTXBACKEND_DISABLE", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value not in ("", "0", "false", "no", "off"):
+        report("PTXBACKEND_DISABLE=%r is neither 1 nor 0; the hook stays on" % os.environ["PTXBACKEND_DISABLE"])
+    return False
 
 
 def parse_size(text):
@@ -43,12 +51,13 @@ def parse_size(text):
     whole, dot, fraction = number.partition(".")
     if not whole or not _DIGITS.issuperset(whole) or (dot and not (fraction and _DIGITS.issuperset(fraction))):
         raise ValueError("not a size: %r (write e.g. 4G, 512M or a number of bytes)" % (text,))
-    if not dot:
-        return int(whole) * _SIZE_UNITS[unit]
     try:
-        return int(float(number) * _SIZE_UNITS[unit])
+        size = int(whole) * _SIZE_UNITS[unit] if not dot else int(float(number) * _SIZE_UNITS[unit])
     except OverflowError:  # hundreds of digits: float() gives inf, int(inf) overflows
+        size = _SIZE_MAX + 1
+    if size > _SIZE_MAX:  # reports divide it as a float: a larger one overflows there
         raise ValueError("not a size: %r is too large (write e.g. 4G)" % (text,))
+    return size
 
 
 def report(problem):
@@ -75,7 +84,7 @@ def size_jit_cache():
         except ValueError:
             report("PTXBACKEND_JIT_CACHE_MAXSIZE=%r is not a size (e.g. 4G); using 4G" % raw)
     if size > 0:
-        environ["CUDA_CACHE_MAXSIZE"] = str(size)
+        environ["CUDA_CACHE_MAXSIZE"] = set_by_hook["CUDA_CACHE_MAXSIZE"] = str(size)
 
 
 def private_dir_problem(path):
@@ -165,7 +174,7 @@ def use_imported_jit_cache():
         if why:
             report("the driver JIT cache is left at the driver's default: %s" % why)
             return
-        environ["CUDA_CACHE_PATH"] = candidate
+        environ["CUDA_CACHE_PATH"] = set_by_hook["CUDA_CACHE_PATH"] = candidate
 
 
 def _boot():

@@ -36,7 +36,8 @@ def uninstall():
 
 
 def installed():
-    """Whether CuPy's compile functions are currently replaced by ptxbackend."""
+    """Whether CuPy's compile functions are currently replaced by ptxbackend: ``False`` after
+    :func:`install` until CuPy is imported, as there is nothing to replace before (docs/usage.md)."""
     from . import cupy_integration
     return cupy_integration.installed()
 

@@ -224,25 +224,50 @@ def exclusive_lock(path, timeout):
     (ELOOP).  POSIX only (``fcntl``); raises :class:`LockTimeout`, or
     ``OSError`` when the lock file cannot be created or locked at all.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        pause = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+        try:
+            _flock(fd, path, deadline)
+            if _same_file(fd, path):
                 break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise LockTimeout(errno.ETIMEDOUT, "lock held by another process", path)
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, 0.05)  # prompt when the holder is quick, cheap when it is not
+        except BaseException:
+            os.close(fd)
+            raise
+        # The holder before us removed the file as it let go: lock the one at the path now.
+        os.close(fd)
+    try:
         yield
     finally:
+        # Removed while still held, so no lock file outlives its use (a failed compile left one
+        # per kernel before); a waiter that locked the removed file sees that and opens again.
+        remove_quietly(path)
         os.close(fd)  # releases the lock
+
+
+def _flock(fd, path, deadline):
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LockTimeout(errno.ETIMEDOUT, "lock held by another process", path)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 0.05)  # prompt when the holder is quick, cheap when it is not
+
+
+def _same_file(fd, path):
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 # -- maintenance beneath one directory descriptor ----------------------------------------------------
@@ -262,7 +287,8 @@ def open_directory(path, dir_fd=None):
 def walk_files(root_fd, top):
     """Yield ``(directory_fd, relative_dir, name, stat)`` for every file below ``top`` (relative to
     ``root_fd``), without following symlinks.  ``directory_fd`` is valid only until the next item.
-    A missing ``top`` yields nothing (``os.fwalk`` raises for it)."""
+    A missing ``top`` has no files (``os.fwalk`` would raise: `cache push` of a cache with no
+    dependency sets yet said "No such file or directory: 'depsets'")."""
     try:
         os.stat(top, dir_fd=root_fd, follow_symlinks=False)
     except OSError as exc:

@@ -23,22 +23,30 @@ def _cmd_doctor(args):
 
 
 def _cmd_compile(args):
+    from . import userfiles
     from .engine import compile as compile_kernel
-    with open(args.file, "rb") as handle:
-        source = handle.read()
+    from .engine import open_store
+    from .config import load_settings
+    source = userfiles.read_input(args.file, "source file", userfiles.SOURCE_LIMIT, stdin_ok=True)
+    output = None
+    if args.output is not None:
+        # Checked before the compile: a bad -o must not cost a compile first.
+        output = userfiles.check_output(args.output, "output file", inputs=[args.file],
+                                        cache_root=open_store(load_settings()).root)
+    from_stdin = args.file == "-"
     options = args.compiler_options
     started = time.time()
     artifact = compile_kernel(source, options, target=args.target, compiler=args.compiler,
-                              device_cc=args.device_cc, name=args.file,
-                              source_dir=os.path.dirname(os.path.abspath(args.file)))
+                              device_cc=args.device_cc, name="stdin.cu" if from_stdin else args.file,
+                              source_dir=os.getcwd() if from_stdin else
+                              os.path.dirname(os.path.abspath(args.file)))
     elapsed = time.time() - started
     print("target:   %s (%s)" % (artifact.target, artifact.reason))
     print("kind:     %s, %d bytes, by %s" % (artifact.kind, len(artifact.image), artifact.producer))
     print("cache:    %s" % artifact.path)
     print("result:   %s in %.3f s" % ("hit" if artifact.cache_hit else "miss (compiled)", elapsed))
-    if args.output:
-        with open(args.output, "wb") as handle:
-            handle.write(artifact.image)
+    if output:
+        userfiles.write_output(output, artifact.image, "output file")
         print("written:  %s" % args.output)
     return 0
 
@@ -48,6 +56,16 @@ def _cmd_cache(args):
     from .engine import open_store
     from .config import parse_size
     from .cache.entries import EntryCache
+    from . import userfiles
+    if args.file is not None and args.action not in ("export", "import"):
+        print("ptxbackend: error: cache %s takes no FILE (got %r)" % (args.action, args.file), file=sys.stderr)
+        return 2
+    if args.action in ("info", "list") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
+        # Looking must not create: an empty report, and the directory is made by the first compile.
+        if args.action == "info":
+            print("cache dir: %s (not created yet: nothing compiled)\nentries:   0" % os.path.abspath(
+                os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir)))
+        return 0
     store = open_store(load_settings(cache_dir=args.cache_dir))
     if args.action == "info":
         entries = list(store.entries())
@@ -86,12 +104,13 @@ def _cmd_cache(args):
         cache = open_cache(settings)
         _fleet_store(settings, "cache push")
         if not cache.remote.writable:
-            raise PtxBackendError("cache push: the fleet store %s is read-only here "
+            raise PtxBackendError("cache push: the %s is read-only here "
                                   "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)
         files, size = cache.push()
         state = cache.remote.stats().get("state", "ok")
         if state != "ok":
-            raise PtxBackendError("cache push to %s failed: %s" % (cache.remote.description, state))
+            why = state[len("failed: "):] if state.startswith("failed: ") else state
+            raise PtxBackendError("cache push to the %s failed: %s" % (cache.remote.description, why))
         print("pushed %d files (%.2f MiB) from %s to %s" % (files, size / 1048576.0, store.root,
                                                            cache.remote.description))
         if cache.push_withheld:
@@ -112,11 +131,14 @@ def _cmd_cache(args):
             print("ptxbackend: error: cache %s needs a FILE" % args.action, file=sys.stderr)
             return 2
         if args.action == "export":
+            userfiles.check_output(args.file, "bundle", cache_root=store.root)
             count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
                                          key=driverjit.fleet_key(load_settings(cache_dir=args.cache_dir)))
             print("exported %d entries from %s to %s (%d bytes)" % (count, store.root, args.file,
                                                                    os.path.getsize(args.file)))
-        elif driverjit.is_bundle(args.file):
+            return 0
+        _check_bundle_file(args.file)
+        if driverjit.is_bundle(args.file):
             settings = load_settings(cache_dir=args.cache_dir)
             manifest = driverjit.install(args.file, settings.cache_dir, driverjit.this_machine(),
                                          driverjit.fleet_key(settings))
@@ -132,6 +154,22 @@ def _cmd_cache(args):
             print("imported %s into %s: %d entries added, %d already present (all checksums verified)"
                   % (args.file, store.root, added, present))
     return 0
+
+
+def _check_bundle_file(path):
+    """A FIFO or device is refused, never waited on; so is a file that is no gzip stream, which
+    tarfile's format guessing would read to its end (minutes for gigabytes of zeros)."""
+    from . import userfiles
+    with userfiles.open_input(path, "bundle") as handle:
+        magic = handle.read(2)
+    if magic != b"\x1f\x8b":
+        raise PtxBackendError("%s is not a ptxbackend bundle: `ptxbackend cache export` and `warm "
+                              "--driver-jit-bundle` write gzip-compressed tar files, and it is not one" % path)
+
+
+def _cache_exists(settings):
+    # Anything at the root (an old layout, a file by mistake) goes through the store, which reports it.
+    return os.path.lexists(os.path.expanduser(settings.cache_dir))
 
 
 def _fleet_store(settings, what):
@@ -182,7 +220,15 @@ def _cmd_warm(args):
         return 2
     from .config import load_settings
     from .engine import open_store
-    open_store(load_settings())  # the cache it warms must be the real one: fail here, before any work
+    names = [n.strip() for n in (args.libs or "").split(",") if n.strip()]
+    if args.libs is not None and not names:
+        print("ptxbackend: error: --libs %r names no library: write e.g. --libs cudnn,cublas" % args.libs,
+              file=sys.stderr)
+        return 2
+    store = open_store(load_settings())  # the cache it warms must be the real one: fail here, before any work
+    if args.driver_jit_bundle is not None:
+        from . import userfiles
+        userfiles.check_output(args.driver_jit_bundle, "--driver-jit-bundle", cache_root=store.root)
     status = 0
     if args.manifest:
         from .warm import replay
@@ -194,7 +240,6 @@ def _cmd_warm(args):
     if args.libs:
         from .libwarm import warm_library
         from .warm import Progress, save_library_results
-        names = [n for n in args.libs.split(",") if n.strip()]
         jit_dir = None
         if args.driver_jit_bundle:
             from . import driverjit
@@ -205,7 +250,7 @@ def _cmd_warm(args):
         results = []
         for name in names:
             try:
-                result = warm_library(name.strip(), jit_dir=jit_dir)
+                result = warm_library(name, jit_dir=jit_dir)
             except (OSError, RuntimeError) as exc:
                 print("  %s: FAILED: %s" % (name, exc))
                 status = 1
@@ -304,6 +349,20 @@ def build_parser():
     return parser
 
 
+def _stdout_closed():
+    """Whether file descriptor 1 is closed (`ptxbackend cache list >&-`): Python then has no stdout."""
+    if sys.stdout is None:
+        return True
+    import io
+    try:
+        os.fstat(sys.stdout.fileno())
+    except (io.UnsupportedOperation, AttributeError):  # a replaced sys.stdout (tests): it is open
+        return False
+    except (OSError, ValueError):
+        return True
+    return False
+
+
 def main(argv=None):
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -312,6 +371,10 @@ def main(argv=None):
     if "--" in argv:
         split = argv.index("--")
         argv, compiler_options = argv[:split], argv[split + 1:]
+    if _stdout_closed():
+        print("ptxbackend: error: standard output is closed; run it with stdout open (e.g. >/dev/null)",
+              file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     args.compiler_options = compiler_options
     from . import engine
@@ -331,6 +394,10 @@ def main(argv=None):
         except (OSError, ValueError):
             pass
         return 0
+    except KeyboardInterrupt:
+        # Ctrl-C: the compiler child was killed with its group (compilers/nvcc.py); no traceback.
+        print("\nptxbackend: interrupted", file=sys.stderr)
+        return 130
     except PtxBackendError as exc:
         print("ptxbackend: error: %s" % exc, file=sys.stderr)
         return 1

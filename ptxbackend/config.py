@@ -46,6 +46,17 @@ def _text(value):
     return str(value).strip() or None
 
 
+def _nonblank(value):
+    """A value that names something (a path, a target): spaces alone are a mistake, not "unset"."""
+    text = str(value).strip()
+    if not text:
+        raise ValueError("only spaces: write a value, or unset it for the default")
+    return text
+
+
+_CONFIG_LIMIT = 1 << 20
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -70,15 +81,17 @@ def parse_remote_mode(text):
 
 # name -> (environment variable, default, parser)
 KNOBS = {
-    "target": ("PTXBACKEND_TARGET", "auto", _text),
-    "compiler": ("PTXBACKEND_COMPILER", None, _text),
-    "nvcc": ("PTXBACKEND_NVCC", None, _text),
-    "nvrtc": ("PTXBACKEND_NVRTC", None, _text),
-    "device_cc": ("PTXBACKEND_DEVICE_CC", None, _text),
-    "cache_dir": ("PTXBACKEND_CACHE_DIR", None, _text),
+    "target": ("PTXBACKEND_TARGET", "auto", _nonblank),
+    "compiler": ("PTXBACKEND_COMPILER", None, _nonblank),
+    "nvcc": ("PTXBACKEND_NVCC", None, _nonblank),
+    "nvrtc": ("PTXBACKEND_NVRTC", None, _nonblank),
+    "device_cc": ("PTXBACKEND_DEVICE_CC", None, _nonblank),
+    "cache_dir": ("PTXBACKEND_CACHE_DIR", None, _nonblank),
     "cache_max_size": ("PTXBACKEND_CACHE_MAX_SIZE", 1 << 30, parse_size),
     "cubin_cache": ("PTXBACKEND_CUBIN_CACHE", True, parse_bool),
     "lock_timeout": ("PTXBACKEND_LOCK_TIMEOUT", 600.0, parse_seconds),
+    # nvcc and the host compiler are subprocesses: one that never returns is killed after this.
+    "compile_timeout": ("PTXBACKEND_COMPILE_TIMEOUT", 600.0, parse_seconds),
     "log": ("PTXBACKEND_LOG", "warning", parse_log_level),
     # The fleet store (docs/fleet.md): off unless a URL and a key file are given.
     "remote": ("PTXBACKEND_REMOTE", None, _text),
@@ -150,7 +163,12 @@ def _file_values(path):
         values = dict(parser.items("ptxbackend")) if parser.has_section("ptxbackend") else {}
     except configparser.Error as exc:
         raise ConfigError("config file %s is not valid INI: %s. Fix it, or point "
-                          "PTXBACKEND_CONFIG at another file." % (path, exc))
+                          "PTXBACKEND_CONFIG at another file." % (path, " ".join(str(exc).split())[:300]))
+    misspelt = [name for name in parser.sections() if name != "ptxbackend" and name.lower() == "ptxbackend"]
+    if misspelt:
+        # Section names are case-sensitive: [PTXBACKEND] would be ignored without a word.
+        raise ConfigError("config file %s has a [%s] section: write it [ptxbackend] (lower case), or its "
+                          "settings are not read" % (path, misspelt[0]))
     unknown = sorted(set(values) - set(KNOBS))
     if unknown:
         logging.getLogger("ptxbackend").warning(
@@ -214,9 +232,16 @@ def _read_config_file(path):
             raise ConfigError(
                 "config file %s is writable by group or others (mode %o): refusing to take settings from "
                 "it. Run: chmod go-w %s" % (path, st.st_mode & 0o777, path))
-        data = handle.read()
+        if st.st_size > _CONFIG_LIMIT:
+            raise ConfigError("config file %s is %d bytes: a ptxbackend config file is a few lines (at most "
+                              "%d bytes). Point PTXBACKEND_CONFIG at the right file." % (
+                                  path, st.st_size, _CONFIG_LIMIT))
+        data = handle.read(_CONFIG_LIMIT + 1)
+    if len(data) > _CONFIG_LIMIT:
+        raise ConfigError("config file %s grew past %d bytes while it was read" % (path, _CONFIG_LIMIT))
     try:
-        return data.decode("utf-8")
+        # utf-8-sig: an editor's byte-order mark is not a "missing section header".
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError("config file %s is not valid UTF-8: %s. Fix it, or point PTXBACKEND_CONFIG "
                           "at another file." % (path, exc))

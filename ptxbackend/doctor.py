@@ -48,6 +48,10 @@ def _imported_jit_report(settings, path, warnings):
 def _jit_cache_report(warnings, settings=None):
     env = {name: os.environ.get(name) for name in
            ("CUDA_CACHE_DISABLE", "CUDA_CACHE_MAXSIZE", "CUDA_CACHE_PATH", "CUDA_FORCE_PTX_JIT")}
+    try:
+        from _ptxbackend_pth import set_by_hook
+    except ImportError:
+        set_by_hook = {}
     path = env["CUDA_CACHE_PATH"] or os.path.join(os.path.expanduser("~"), ".nv", "ComputeCache")
     if env["CUDA_CACHE_DISABLE"] == "1":
         warnings.append("CUDA_CACHE_DISABLE=1: the driver JIT-compiles PTX (yours and CUDA libraries') "
@@ -77,7 +81,8 @@ def _jit_cache_report(warnings, settings=None):
     if not writable:
         warnings.append("the driver JIT cache path %s is not writable: JIT results are lost at exit. "
                         "Set CUDA_CACHE_PATH to a writable directory." % path)
-    report = {"variables": env, "path": path, "writable": writable, "needed_bytes": needed}
+    report = {"variables": env, "path": path, "writable": writable, "needed_bytes": needed,
+              "set_by_hook": sorted(name for name, value in set_by_hook.items() if env.get(name) == value)}
     if settings is not None:
         report["imported"] = _imported_jit_report(settings, path, warnings)
     return report
@@ -109,7 +114,7 @@ def _hook_report(warnings):
     report = {"pth_files": files, "active": active, "disabled": disabled}
     if not files:
         warnings.append("ptxbackend.pth is not in any site-packages directory: CuPy is not switched at "
-                        "start-up. Reinstall with `pip install ptxbackend`, or call ptxbackend.install().")
+                        "start-up. Reinstall from the checkout (`python -m pip install .`), or call ptxbackend.install().")
     elif not active and not disabled and sys.flags.no_site:
         warnings.append("this interpreter runs with -S, so the start-up hook did not run.")
     try:
@@ -146,7 +151,7 @@ def collect():
     if settings.compiler and settings.compiler not in KINDS:
         problems.append("PTXBACKEND_COMPILER=%r is not a compiler ptxbackend knows: use %s, or unset it"
                         % (settings.compiler, " or ".join(KINDS)))
-    report["settings"] = {name: {"value": _shown(name, value), "from": settings.origins[name]}
+    report["settings"] = {name: {"value": _redacted(name, value), "from": settings.origins[name]}
                           for name, value in sorted(settings.as_dict().items())}
     store = open_store(settings)
     entries = list(store.entries())
@@ -167,6 +172,13 @@ def collect():
                 problems.append("%s: %s" % (kind, str(exc).splitlines()[0]))
     devices = []
     drv = {"available": driver.available()}
+    if not drv["available"]:
+        drv["reason"] = _driver_reason()
+        if os.environ.get("PTXBACKEND_LIBCUDA"):  # named on purpose: it must work
+            problems.append(drv["reason"] if "PTXBACKEND_LIBCUDA" in drv["reason"] else
+                            "PTXBACKEND_LIBCUDA=%s cannot be used: %s" % (os.environ["PTXBACKEND_LIBCUDA"],
+                                                                         drv["reason"]))
+    report["environment"] = _environment_report(problems)
     if drv["available"]:
         drv.update(version=driver.driver_version(), build=driver.driver_build(), library=driver.library_path())
         for ordinal in range(driver.device_count()):
@@ -205,12 +217,41 @@ def collect():
     return report
 
 
-def _shown(name, value):
+def _redacted(name, value):
     """A setting's value as printed: the fleet store URL without its password (parsed, not cut at '@')."""
     if name != "remote" or not value:
         return value
     from .cache.remote import redact_url
     return redact_url(value)
+
+
+def _driver_reason():
+    try:
+        count = driver.device_count()
+    except PtxBackendError as exc:
+        return " ".join(str(exc).split())
+    return "the driver loads but sees no GPU" if not count else "unknown"
+
+
+# Read from the environment only (docs/configuration.md, the rows with no config-file key).
+ENV_ONLY = ("PTXBACKEND_CONFIG", "PTXBACKEND_DISABLE", "PTXBACKEND_RECORD", "PTXBACKEND_JIT_CACHE_MAXSIZE",
+            "PTXBACKEND_LIBCUDA")
+
+
+def _environment_report(problems):
+    """The environment-only knobs: each value, or ``None`` when unset."""
+    found = {name: os.environ.get(name) or None for name in ENV_ONLY}
+    disable = (found["PTXBACKEND_DISABLE"] or "").strip().lower()
+    if disable not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+        problems.append("PTXBACKEND_DISABLE=%r is neither 1 nor 0: the start-up hook stays on. Write 1 to "
+                        "turn it off, or unset it." % found["PTXBACKEND_DISABLE"])
+    if found["PTXBACKEND_JIT_CACHE_MAXSIZE"]:
+        from .config import parse_size
+        try:
+            parse_size(found["PTXBACKEND_JIT_CACHE_MAXSIZE"])
+        except ValueError as exc:
+            problems.append("PTXBACKEND_JIT_CACHE_MAXSIZE: %s; the hook uses 4G" % exc)
+    return found
 
 
 def _remote_report(settings, problems, warnings):
@@ -224,17 +265,23 @@ def _remote_report(settings, problems, warnings):
         return {"problem": str(exc)}
     if cache.remote is None:
         problem = remote_problem(settings)
-        problems.append("the fleet store %s is not used: %s" % (_shown("remote", settings.remote), problem))
+        problems.append("the fleet store %s is not used: %s" % (_redacted("remote", settings.remote), problem))
         return {"problem": problem}
     remote = cache.remote
     reachable = remote.ping() if hasattr(remote, "ping") else None
     stats = remote.stats()
     if not reachable:
-        warnings.append("the fleet store %s does not answer (%s): programs go on with their local cache, "
-                        "paying at most one timeout (%.2f s) each" % (remote.description, stats.get("state"),
-                                                                      settings.remote_timeout))
+        state = str(stats.get("state"))
+        warnings.append("the %s does not answer (%s): programs go on with their local cache, "
+                        "paying at most one timeout (%.2f s) each" % (
+                            remote.description, state[len("failed: "):] if state.startswith("failed: ") else state,
+                            settings.remote_timeout))
     return {"description": remote.description, "mode": settings.remote_mode, "reachable": bool(reachable),
             "stats": stats}
+
+
+def _shown(value):
+    return "(unset)" if value is None else str(value)
 
 
 def render(report):
@@ -242,17 +289,26 @@ def render(report):
     lines = ["ptxbackend %s on Python %s (%s)" % (report["ptxbackend"], report["python"], report["executable"])]
     if "settings" in report:
         lines.append("settings:")
+        width = max(len(name) for name in report["settings"])
+        shown = dict((name, _shown(info["value"])) for name, info in report["settings"].items())
+        value_width = max(len(v) for v in shown.values())
         for name, info in sorted(report["settings"].items()):
-            lines.append("  %-15s %-30s (%s)" % (name, info["value"], info["from"]))
+            lines.append("  %-*s  %-*s  (%s)" % (width, name, value_width, shown[name], info["from"]))
+    if report.get("environment"):
+        lines.append("environment only:")
+        width = max(len(name) for name in report["environment"])
+        for name, value in sorted(report["environment"].items()):
+            lines.append("  %-*s  %s" % (width, name, _shown(value)))
     if "cache" in report:
         cache = report["cache"]
-        lines.append("cache: %s  (%d entries, %.1f MiB of %.0f MiB)" % (
-            cache["dir"], cache["entries"], cache["bytes"] / 1048576.0, (cache["max_bytes"] or 0) / 1048576.0))
+        lines.append("cache: %s  (%d %s, %.1f MiB of %.0f MiB)" % (
+            cache["dir"], cache["entries"], "entry" if cache["entries"] == 1 else "entries",
+            cache["bytes"] / 1048576.0, (cache["max_bytes"] or 0) / 1048576.0))
     remote = report.get("remote")
     if remote:
         if "description" in remote:
-            lines.append("fleet store: %s, %s, %s" % (remote["description"], remote["mode"],
-                                                     "reachable" if remote["reachable"] else "NOT reachable"))
+            lines.append("%s: %s" % (remote["description"], "reachable" if remote["reachable"] else
+                                     "NOT reachable"))
             stats = remote.get("stats") or {}
             lines.append("  this process: " + "; ".join(
                 "%s %s" % (level, ", ".join("%s %d" % (k, v) for k, v in sorted(stats[level].items())))
@@ -261,7 +317,8 @@ def render(report):
             lines.append("fleet store: not used: %s" % remote["problem"])
     for kind, info in sorted(report.get("compilers", {}).items()):
         if "error" in info:
-            lines.append("%s: not available: %s" % (kind, info["error"].splitlines()[0]))
+            # The whole message: its later lines are where it looked (the NVRTC search list).
+            lines.append("%s: not available: %s" % (kind, "\n    ".join(info["error"].splitlines())))
         else:
             lines.append("%s: %s at %s, targets %s%s" % (kind, info["version"], info["path"], info["range"],
                                                          "" if info["cubin"] else " (PTX only)"))
@@ -269,7 +326,7 @@ def render(report):
     if drv.get("available"):
         lines.append("driver: %s (CUDA %s), %s" % (drv["build"], drv["version"], drv["library"]))
     elif "driver" in report:
-        lines.append("driver: not available")
+        lines.append("driver: not available: %s" % drv.get("reason", "unknown"))
     for device in report.get("devices", []):
         lines.append("device %s: %s, compute capability %s" % (device["ordinal"], device["name"],
                                                                format_cc(device["cc"])))
@@ -299,7 +356,9 @@ def render(report):
                 ", ".join(cupy.get("replaced") or []) or "nothing"))
     jit = report.get("driver_jit_cache")
     if jit:
-        shown = ", ".join("%s=%s" % item for item in sorted(jit["variables"].items()) if item[1]) or "defaults"
+        by_hook = jit.get("set_by_hook") or ()
+        shown = ", ".join("%s=%s%s" % (name, value, " (set by the start-up hook)" if name in by_hook else "")
+                          for name, value in sorted(jit["variables"].items()) if value) or "driver defaults"
         lines.append("driver JIT cache: %s (%s, %s)" % (jit["path"], shown,
                                                         "writable" if jit["writable"] else "NOT writable"))
         imported = jit.get("imported")

@@ -101,7 +101,7 @@ def download(remote, machine, destination):
     name = fleet_name(machine)
     blob = remote.get(name)
     if blob is None:
-        raise CacheError("the fleet store %s has no driver JIT set for %s (%s): warm and export one on a "
+        raise CacheError("the %s has no driver JIT set for %s (%s): warm and export one on a "
                          "machine with that driver and GPU, with the fleet store configured"
                          % (remote.description, name, remote.stats().get("state", "")))
     fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -166,7 +166,7 @@ def pack(jit_dir, libraries, destination, machine, key=None, force=False):
 def is_bundle(source):
     """Whether ``source`` is a driver-JIT bundle (its first member is the manifest)."""
     try:
-        with tarfile.open(source, "r:*") as archive:
+        with tarfile.open(source, "r:gz") as archive:  # what pack() writes; "r:*" would also try xz
             first = archive.next()
             return first is not None and first.name == MANIFEST
     except (tarfile.TarError, OSError, EOFError, ValueError):

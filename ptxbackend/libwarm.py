@@ -119,7 +119,9 @@ def _run_child(kind, path, env):
     proc = subprocess.run([sys.executable, "-m", "ptxbackend.libwarm", kind or "", path], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     if proc.returncode != 0:
-        raise RuntimeError("initialising %s failed:\n%s" % (path, proc.stderr.strip()[-2000:]))
+        # The child's last line is its one-line reason (see __main__ below), never a traceback.
+        lines = proc.stderr.strip().splitlines() or ["exit status %d" % proc.returncode]
+        raise RuntimeError("initialising %s failed: %s" % (path, lines[-1][:500]))
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -148,4 +150,8 @@ def warm_library(name_or_path, jit_dir=None):
 
 
 if __name__ == "__main__":
-    print(json.dumps(child(sys.argv[1] or None, sys.argv[2])))
+    try:
+        print(json.dumps(child(sys.argv[1] or None, sys.argv[2])))
+    except Exception as exc:  # the parent shows one line: what failed, not where in this file
+        sys.stderr.write("%s\n" % (" ".join(str(exc).split()) or type(exc).__name__))
+        sys.exit(1)

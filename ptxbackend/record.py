@@ -6,7 +6,13 @@
 import json
 import logging
 import os
+import stat
 import threading
+
+try:
+    import fcntl
+except ImportError:  # Windows: O_APPEND alone
+    fcntl = None
 
 log = logging.getLogger("ptxbackend")
 
@@ -30,9 +36,25 @@ def record_request(key, source, options, target_spec, compiler, name):
     line = json.dumps({"key": key, "source": source, "options": list(options), "target": target_spec,
                        "compiler": compiler, "name": name}, sort_keys=True) + "\n"
     try:
-        import filelock
-        with filelock.FileLock(path + ".lock", timeout=60):
-            with open(path, "a") as handle:
-                handle.write(line)
+        _append(path, line.encode("utf-8"))
     except Exception as exc:  # recording is a side job: it must never break the program
         log.warning("ptxbackend: cannot record to %s=%s: %s", RECORD_ENV, path, exc)
+
+
+def _append(path, data):
+    """Append ``data`` to the regular file at ``path`` in one write, under an flock of that file.
+
+    Opened non-blocking and checked by descriptor: a FIFO or device there is refused, never waited
+    on.  The lock is on the manifest itself, so no ``.lock`` file is left beside it.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a regular file: name a file for the manifest")
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one writer's line at a time, whole
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)

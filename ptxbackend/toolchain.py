@@ -72,11 +72,29 @@ def prepare(settings, compiler):
         if _explicit_compiler(settings, compiler):
             raise
         return store, None, missing
+    _check_other_named(settings, found[1].kind)
     with state.lock:
         if len(state.prepared) >= 256:
             state.prepared.clear()
         state.prepared[marker] = found
     return found
+
+
+def _check_other_named(settings, used):
+    """A compiler named by PTXBACKEND_NVCC / PTXBACKEND_NVRTC must exist even when the other one is
+    used (docs/configuration.md): a typo in it would otherwise be found only on another machine."""
+    for kind, variable in (("nvcc", "PTXBACKEND_NVCC"), ("nvrtc", "PTXBACKEND_NVRTC")):
+        named = getattr(settings, kind)
+        if kind != used and named and not os.path.exists(os.path.expanduser(named)):
+            raise CompilerNotFoundError(
+                "%s names %s, which does not exist (%s is used here, but a named compiler that cannot be "
+                "used is an error). Fix the path, or unset %s." % (
+                    _where(settings, kind, variable), named, used, variable))
+
+
+def _where(settings, kind, variable):
+    origin = settings.origins.get(kind)
+    return variable if origin in (variable, None) else "%s (from %s)" % (kind, origin)
 
 
 def choose(spec, comp, cc):

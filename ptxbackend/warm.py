@@ -17,25 +17,89 @@ from .errors import PtxBackendError
 log = logging.getLogger("ptxbackend")
 
 
+# Options that name a program or library to run, a file to write, or more options: a manifest is
+# data, and replaying one must never run what it names (issue 25).  Both "-flag value" and
+# "-flag=value" spellings are refused, and the same prefixes glued ("-Xcompiler-fplugin=...").
+_PROGRAM_OPTIONS = ("-ccbin", "--compiler-bindir", "-optf", "--options-file", "-Xcompiler",
+                    "--compiler-options", "-Xlinker", "--linker-options", "-Xnvlink", "--nvlink-options",
+                    "-Xarchive", "--archive-options", "-run", "--run", "--run-args", "-keep-dir",
+                    "--keep-dir", "-odir", "--output-directory", "-o", "--output-file", "-MF",
+                    "--dependency-output", "-use-local-env", "--use-local-env")
+_FIELDS = (("source", True), ("target", True), ("key", False), ("name", False))
+MANIFEST_LIMIT = 1 << 30
+
+
+def _program_option(option):
+    for flag in _PROGRAM_OPTIONS:
+        if option == flag or option.startswith(flag + "=") or (len(flag) > 3 and option.startswith(flag)):
+            return flag
+    return None
+
+
+def _check_record(item):
+    """Why ``item`` is not a request ptxbackend recorded (``None`` when it is one)."""
+    if not isinstance(item, dict):
+        return "not a JSON object"
+    for field, required in _FIELDS:
+        value = item.get(field)
+        if (value is None and required) or (value is not None and not isinstance(value, str)):
+            return "its %r is %s, not a string" % (field, json.dumps(value)[:40])
+    if item.get("compiler") not in (None, "nvcc", "nvrtc"):
+        return "its 'compiler' is %s, not \"nvcc\", \"nvrtc\" or null" % json.dumps(item.get("compiler"))[:40]
+    options = item.get("options")
+    if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+        return "its 'options' are not a list of strings"
+    for option in options:
+        flag = _program_option(option)
+        if flag:
+            return ("its options hold %s, which names a program, options file or output: a manifest is "
+                    "data and never chooses what runs; compile such kernels with ptxbackend.compile() "
+                    "in the program itself" % flag)
+    return None
+
+
+def _lines(path):
+    from . import userfiles
+    if path == "-":
+        handle = sys.stdin.buffer
+    else:
+        handle = userfiles.open_input(path, "manifest", MANIFEST_LIMIT)
+    try:
+        while True:
+            raw = handle.readline(userfiles.MANIFEST_LINE_LIMIT + 1)
+            if not raw:
+                return
+            if len(raw) > userfiles.MANIFEST_LINE_LIMIT:
+                raise PtxBackendError("%s holds a line of more than %d bytes: not a ptxbackend manifest" % (
+                    path, userfiles.MANIFEST_LINE_LIMIT))
+            yield raw
+    finally:
+        if handle is not sys.stdin.buffer:
+            handle.close()
+
+
 def read_manifest(path):
     """The distinct requests of a manifest, in first-seen order."""
     seen = set()
     requests = []
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8")
-                if not line.strip():
-                    continue
-                item = json.loads(line)
-                marker = (item["source"], tuple(item["options"]), item["target"], item["compiler"])
-            except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
-                raise PtxBackendError("%s line %d is not a ptxbackend manifest record (one JSON object a line, "
+    for number, raw in enumerate(_lines(path), 1):
+        try:
+            line = raw.decode("utf-8")
+            if not line.strip():
+                continue
+            item = json.loads(line)
+        except ValueError:  # UnicodeDecodeError is a ValueError
+            item, why = None, "not JSON"
+        else:
+            why = _check_record(item)
+        if why:
+            raise PtxBackendError("%s line %d is not a ptxbackend manifest record (%s; one JSON object a line, "
                                   "written with PTXBACKEND_RECORD=FILE; a bundle goes to `ptxbackend cache "
-                                  "import`)" % (path, number))
-            if marker not in seen:
-                seen.add(marker)
-                requests.append(item)
+                                  "import`)" % (path, number, why))
+        marker = (item["source"], tuple(item["options"]), item["target"], item.get("compiler"))
+        if marker not in seen:
+            seen.add(marker)
+            requests.append(item)
     return requests
 
 
@@ -81,7 +145,7 @@ def replay(path, device_cc=None, out=print):
     for item in requests:
         try:
             artifact = compile_kernel(item["source"], item["options"], target=item["target"],
-                                      compiler=item["compiler"], device_cc=device_cc,
+                                      compiler=item.get("compiler"), device_cc=device_cc,
                                       name=item.get("name") or "kernel.cu")
             if artifact.cache_hit:
                 hits += 1
@@ -90,7 +154,7 @@ def replay(path, device_cc=None, out=print):
             if on_gpu:
                 load(artifact).unload()
         except PtxBackendError as exc:
-            failures.append((item.get("key", "?")[:12], str(exc).splitlines()[0]))
+            failures.append(((item.get("key") or "?")[:12], str(exc).splitlines()[0]))
         progress.step(item.get("name") or "")
     out("%d kernels: %d compiled, %d already cached, %d failed%s" % (
         len(requests), compiled, hits, len(failures), "; JIT cubins stored for this GPU" if on_gpu else ""))

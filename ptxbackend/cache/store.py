@@ -3,7 +3,7 @@
 Under the root, ``v3/`` (:data:`~.layout.LAYOUT`) holds the names of :mod:`.layout`
 as paths, plus what only a local store has::
 
-    v3/locks/<kk>/<hash>.lock      one flock per name, taken by a miss
+    v3/locks/<kk>/<hash>.lock      one flock per name, taken by a miss, removed by its holder on release
     v3/meta/compilers/             this machine's compiler identities (never exported)
 
 Reads take no lock: files are renamed into place whole, so a reader sees a

@@ -4,6 +4,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 
@@ -58,14 +59,27 @@ def find_nvcc(explicit=None):
 
 
 def _run(cmd, cwd=None, timeout=None):
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Its own process group: a time-out or Ctrl-C kills nvcc's children too (cicc, ptxas, the host
+    # compiler), which would otherwise hold the output pipe open and keep running.
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=hasattr(os, "killpg"))
     try:
         out, _ = proc.communicate(timeout=timeout)
     except BaseException:
-        proc.kill()
-        proc.wait()
+        _kill_group(proc)
         raise
     return proc.returncode, out.decode("utf-8", "replace")
+
+
+def _kill_group(proc):
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except OSError:
+        pass
+    proc.wait()
 
 
 def _list_archs(path, flag, prefix):
@@ -236,13 +250,17 @@ def _arch_flags(target):
 
 def _name_in_workdir(name):
     """The file name nvcc compiles, as the caller spelt it when that stays inside the private
-    directory (``k.cu``, ``src/k.cu``): nvcc puts it in the output (``assert`` messages)."""
+    directory (``k.cu``, ``src/k.cu``): nvcc puts it in the output (``assert`` messages).  It ends
+    in ``.cu``: nvcc picks the language by the ending, and answers "Don't know what to do" for
+    ``k.txt`` or ``kernel``."""
     name = str(name).replace("\\", "/")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if not parts or os.path.isabs(name) or ".." in parts:
         base = os.path.basename(name)
-        return base if base not in ("", ".", "..") else "kernel.cu"
-    return os.path.join(*parts)
+        found = base if base not in ("", ".", "..") else "kernel.cu"
+    else:
+        found = os.path.join(*parts)
+    return found if found.endswith(".cu") else found + ".cu"
 
 
 class NvccCompiler(Compiler):
@@ -348,7 +366,8 @@ class NvccCompiler(Compiler):
             code, log = self._run(cmd, workdir)
             if code != 0 or not os.path.isfile(output_path):
                 raise CompileError(
-                    "nvcc %s failed with exit status %s while building %s for %s"
+                    ("nvcc %s failed with exit status %s while building %s for %s" if code != 0 else
+                     "nvcc %s exited with status %s but wrote no output while building %s for %s")
                     % (self.identity.version, code, name, target),
                     command=cmd, returncode=code, log=log,
                     hint=unknown_arch_hint(log, self.identity))
@@ -369,10 +388,17 @@ class NvccCompiler(Compiler):
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _run(self, cmd, workdir):
+        from ..config import load_settings
+        timeout = load_settings().compile_timeout or None  # 0: no limit
         try:
-            return _run(cmd, cwd=workdir)
+            return _run(cmd, cwd=workdir, timeout=timeout)
         except OSError as exc:
             raise CompilerNotFoundError("cannot run %s: %s" % (self.identity.path, exc))
+        except subprocess.TimeoutExpired:
+            raise CompileError("nvcc %s did not finish within %.0f s and was stopped (PTXBACKEND_COMPILE_TIMEOUT"
+                               "=%.0f). Raise PTXBACKEND_COMPILE_TIMEOUT for a very large kernel, or find "
+                               "what hangs (a wrapper script, a host compiler waiting on input)."
+                               % (self.identity.version, timeout, timeout), command=cmd)
 
     def _host_can_list(self, target, paths, depfile):
         """Whether the host preprocessor's own ``-MD`` gives the list exactly: one preprocessing pass
