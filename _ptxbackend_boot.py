@@ -23,11 +23,12 @@ WATCHED = ("cupy.cuda.compiler", "cupy.cuda")
 # The .pth line.  site prints a traceback for a line that raises: a missing _ptxbackend_pth
 # (a half-removed install) stays silent, anything else is one line on stderr, once (site may
 # read the same site-packages twice, through lib and lib64: the None makes the second silent).
-_PTH_CODE = ("try:\n    import _ptxbackend_pth\nexcept ImportError:\n    pass\nexcept Exception as exc:\n"
+# install() never raises, but a truncated module may lack it: that is a damaged install too.
+_PTH_CODE = ("try:\n    import _ptxbackend_pth\n    _ptxbackend_pth.install()\nexcept ImportError:\n    pass\n"
+             "except Exception as exc:\n"
              "    sys.modules['_ptxbackend_pth'] = None\n"
              "    sys.stderr.write('ptxbackend: start-up hook: cannot load _ptxbackend_pth (%s: %s); "
-             "reinstall ptxbackend\\n' % (type(exc).__name__, exc))\n"
-             "else:\n    _ptxbackend_pth.install()\n")
+             "reinstall ptxbackend\\n' % (type(exc).__name__, exc))\n")
 
 
 def pth_line():

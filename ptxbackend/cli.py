@@ -12,6 +12,10 @@ from ._version import __version__
 from .errors import ConfigError, PtxBackendError
 
 
+def _count(number, one, many):
+    return "%d %s" % (number, one if number == 1 else many)
+
+
 def _cmd_doctor(args):
     from . import doctor
     report = doctor.collect()
@@ -87,7 +91,7 @@ def _cmd_cache(args):
         good, bad = store.verify(repair=args.repair)
         for path, why in bad:
             print("BAD  %s: %s%s" % (path, why, " (removed)" if args.repair else ""))
-        print("%d entries verified, %d bad" % (good, len(bad)))
+        print("%s verified, %d bad" % (_count(good, "entry", "entries"), len(bad)))
         return 1 if bad and not args.repair else 0
     elif args.action == "prune":
         try:
@@ -95,7 +99,7 @@ def _cmd_cache(args):
         except ValueError as exc:
             raise ConfigError("--max-size %s" % exc)
         removed, freed = store.prune(limit)
-        print("removed %d entries, %.2f MiB" % (removed, freed / 1048576.0))
+        print("removed %s, %.2f MiB" % (_count(removed, "entry", "entries"), freed / 1048576.0))
         for name in store.remove_old_layouts():
             print("removed the old layout %s" % os.path.join(store.root, name))
     elif args.action == "push":
@@ -114,7 +118,9 @@ def _cmd_cache(args):
         print("pushed %d files (%.2f MiB) from %s to %s" % (files, size / 1048576.0, store.root,
                                                            cache.remote.description))
         if cache.push_withheld:
-            print("kept %d entries that arrived in unsigned bundles here (never sent on)" % cache.push_withheld)
+            print("kept %s that arrived in %s here (never sent on)" % (
+                _count(cache.push_withheld, "entry", "entries"),
+                "an unsigned bundle" if cache.push_withheld == 1 else "unsigned bundles"))
     elif args.action == "clear":
         store.clear()
         store.remove_old_layouts()
@@ -134,7 +140,7 @@ def _cmd_cache(args):
             userfiles.check_output(args.file, "bundle", cache_root=store.root)
             count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
                                          key=driverjit.fleet_key(load_settings(cache_dir=args.cache_dir)))
-            print("exported %d entries from %s to %s (%d bytes)" % (count, store.root, args.file,
+            print("exported %s from %s to %s (%d bytes)" % (_count(count, "entry", "entries"), store.root, args.file,
                                                                    os.path.getsize(args.file)))
             return 0
         _check_bundle_file(args.file)
@@ -151,8 +157,8 @@ def _cmd_cache(args):
         else:
             added, present = bundle.import_bundle(store, args.file,
                                                   driverjit.fleet_key(load_settings(cache_dir=args.cache_dir)))
-            print("imported %s into %s: %d entries added, %d already present (all checksums verified)"
-                  % (args.file, store.root, added, present))
+            print("imported %s into %s: %s added, %d already present (all checksums verified)"
+                  % (args.file, store.root, _count(added, "entry", "entries"), present))
     return 0
 
 

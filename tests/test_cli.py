@@ -75,7 +75,7 @@ def test_cache_commands(nvcc13, tmp_path):
     assert code == 0 and "entries:   1" in out and "nvcc-13." in out
     code, out, _ = cli("cache", "list")
     assert "compute_75" in out
-    assert cli("cache", "verify")[1].strip().endswith("1 entries verified, 0 bad")
+    assert cli("cache", "verify")[1].strip().endswith("1 entry verified, 0 bad")
     entry_path = [line.split()[-1] for line in out.splitlines()][0]
     with open(os.path.join(os.environ["PTXBACKEND_CACHE_DIR"], entry_path), "ab") as handle:
         handle.write(b"junk")

@@ -419,9 +419,8 @@ def test_setup_py_install_records_the_hook_files_and_byte_compiles_the_hook(tmp_
 
 @pytest.mark.parametrize("argv", [["cache", "push"], ["doctor"]])
 def test_a_fleet_store_that_does_not_answer_is_named_once_and_failed_once(tmp_path, argv):
-    pytest.importorskip("redis")
     key = tmp_path / "fleet.key"
-    key.write_text("k" * 32)
+    key.write_bytes(os.urandom(32))
     os.chmod(str(key), 0o600)
     proc = _run(tmp_path, *argv, env={"PTXBACKEND_REMOTE": "redis://127.0.0.1:1/0",  # nothing listens on 1
                                       "PTXBACKEND_REMOTE_KEY_FILE": str(key)})

@@ -101,9 +101,9 @@ def test_cli_export_import_and_warm(nvcc13, tmp_path):
     assert cli("compile", str(source), "--device-cc", "7.5")[0] == 0
     path = str(tmp_path / "b.tar.gz")
     code, out, err = cli("cache", "export", path)
-    assert code == 0 and "exported 1 entries" in out, err
+    assert code == 0 and "exported 1 entry" in out, err
     code, out, err = cli("cache", "import", path, "--cache-dir", str(tmp_path / "other"))
-    assert code == 0 and "1 entries added" in out, err
+    assert code == 0 and "1 entry added" in out, err
     code, _, err = cli("cache", "import", str(source))
     assert code == 1 and "not a ptxbackend bundle" in err
     assert cli("warm")[0] == 2
