@@ -207,8 +207,10 @@ class OpenRecorder(object):
                 lost = mask & (IN_Q_OVERFLOW | IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF) or (
                     mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO))
                 for session in self._sessions:
-                    if lost and (mask & IN_Q_OVERFLOW or wd in session.labels):
-                        session.complete = False
+                    if mask & IN_Q_OVERFLOW or wd in session.labels:
+                        session.moved = True
+                        if lost:
+                            session.complete = False
             if mask & IN_OPEN and name and not mask & IN_ISDIR:
                 for session in self._sessions:
                     label = session.labels.get(wd)
@@ -218,13 +220,15 @@ class OpenRecorder(object):
 
 class Session(object):
     """One compile's record: ``paths`` opened (``label/name``; a label is the directory as the caller
-    spelt it, so a relative ``.`` stays relative) and whether it can be relied on (``complete``)."""
+    spelt it, so a relative ``.`` stays relative), whether it can be relied on (``complete``) and
+    whether any of them may have gone since (``moved``)."""
 
     def __init__(self):
         self.labels = {}
         self.paths = []
         self._seen = set()
         self.complete = True
+        self.moved = False  # an entry of a watched directory was created, deleted or renamed meanwhile
 
     def add(self, path):
         if path not in self._seen:

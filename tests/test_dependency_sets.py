@@ -616,3 +616,29 @@ def test_nvrtc_records_a_header_in_a_subdirectory_of_a_root_that_also_holds_a_di
     _a_new_process()
     again = compile_()
     assert not again.cache_hit and VALUE_2 in again.image
+
+
+def test_a_set_built_again_from_the_same_reads_is_remembered_until_a_header_changes(tmp_path, monkeypatch):
+    """Every CuPy kernel reads the same headers: the second build is the first's set, with no stat at
+    all; a header edited since is heard, and the set is built again from the file system."""
+    import hashlib
+    headers = [tmp_path / "inc" / ("h%d.h" % i) for i in range(30)]
+    for header in headers:
+        _write(header, "// %s\n" % header.name)
+    depsets.forget()
+    if not depsets._watch([str(tmp_path / "inc")]):
+        pytest.skip("no inotify here: every build looks at the file system")
+    calls = []
+    real_stat = os.stat
+    monkeypatch.setattr(depsets, "_stat", lambda p: calls.append(p) or real_stat(p))
+    args = ([str(h) for h in headers], [str(tmp_path / "inc")], [], [], b"#include <h0.h>\n")
+    first = depsets.build(*args, started=time.time() + 5)
+    looked = len(calls)
+    assert looked >= len(headers)
+    again = depsets.build(*args, started=time.time() + 5)
+    assert again.digest == first.digest and len(calls) == looked
+    _write(headers[3], "// edited\n")
+    third = depsets.build(*args, started=time.time() + 5)
+    assert len(calls) > looked and third.digest != first.digest
+    record = [f for f in json.loads(third.blob.decode())["files"] if f[0] == str(headers[3])][0]
+    assert record[6] == hashlib.sha256(b"// edited\n").hexdigest()

@@ -59,6 +59,7 @@ _lock = threading.Lock()
 _known_hashes = {}  # path -> (signature, sha256) this process hashed and could trust
 _sets = {}          # digest -> _Parsed
 _valid = {}         # (digest, complete) -> time checked, or _WATCHED
+_built = {}         # what build() was given -> the Built it made, while the watcher hears nothing
 _owner = [None]     # the process whose checks _valid holds (a forked child starts afresh)
 _watcher = []       # [ChangeWatcher or None, pid]: this process's watcher, tried once
 _mounts = []        # [(mount point, fs type)] longest first, read once
@@ -100,9 +101,20 @@ def build(paths, search_dirs, system_dirs, user_dirs, source, started=None, sour
         path = os.path.normpath(path)
         if path not in unique:
             unique.append(path)
+    source_facts = _facts_of(source if isinstance(source, bytes) else source.encode("utf-8", "surrogateescape"))
+    memo = None
+    if not (source_facts.volatile or source_facts.dated):
+        # Every CuPy kernel reads the same headers: while nothing changed in the directories the
+        # set covers (they are watched), the same reads and include names give the same set.
+        relative = [d for d in unique + list(search_dirs) + [source_dir or "/"] if not os.path.isabs(d)]
+        memo = (tuple(unique), tuple(search_dirs), tuple(system_dirs), tuple(user_dirs), source_facts.includes,
+                source_facts.has_includes, source_dir, date_from_epoch, os.getcwd() if relative else None)
+        _forget_what_changed()
+        known = _built.get(memo)
+        if known is not None:
+            return known
     system = set(split_system(unique, system_dirs, user_dirs)[1])
-    files, facts = [], [_facts_of(source if isinstance(source, bytes)
-                                  else source.encode("utf-8", "surrogateescape"))]
+    files, facts = [], [source_facts]
     for path in unique:
         record, found = _file_record(path, started, now)
         files.append(record + [path in system])
@@ -120,7 +132,28 @@ def build(paths, search_dirs, system_dirs, user_dirs, source, started=None, sour
     if not files and not absent and not present and not body.get("date"):
         return Built(None, None, volatile)
     blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("ascii")
-    return Built(blob, hashlib.sha256(blob).hexdigest(), volatile)
+    built = Built(blob, hashlib.sha256(blob).hexdigest(), volatile)
+    if memo is not None and not volatile and "date" not in body and all(r[7] for r in files) \
+            and all(r[4] for r in body["absent"]):
+        _remember_built(memo, built, body)
+    return built
+
+
+def _remember_built(memo, built, body):
+    """Keep ``built`` for :func:`build` to return again, if its directories can be watched; it then
+    counts as checked for hits too.  The watch comes first and the set is checked after it, so a
+    change after the build's own look is heard or seen."""
+    parsed = _Parsed(body)
+    if not (parsed.absolute and _watch(parsed.watch) and _check(parsed, True, False)):
+        return
+    section = built.digest.encode("ascii")
+    with _lock:
+        for memory in (_built, _sets, _valid):
+            if len(memory) >= _LIMIT:
+                memory.clear()
+        _built[memo] = built
+        _sets[section] = parsed
+        _valid[(section, True)] = _WATCHED
 
 
 class _Facts(object):
@@ -333,10 +366,7 @@ def fresh(section, load, complete=True, missing_ok=False):
     """
     if not section:
         return True
-    if _owner[0] != process_id() or _watcher_saw_changes():
-        with _lock:
-            _valid.clear()
-            _owner[0] = process_id()
+    _forget_what_changed()
     parsed = _parse(section, load)  # from memory after the first time
     if parsed is None:
         return False
@@ -354,6 +384,15 @@ def fresh(section, load, complete=True, missing_ok=False):
             _valid.clear()
         _valid[marker] = _WATCHED if watched else time.time()
     return True
+
+
+def _forget_what_changed():
+    """Drop the sets checked and built, when the watcher heard a change or this is a forked child."""
+    if _owner[0] != process_id() or _watcher_saw_changes():
+        with _lock:
+            _valid.clear()
+            _built.clear()
+            _owner[0] = process_id()
 
 
 def _parse(section, load):
@@ -537,6 +576,7 @@ def forget():
         _known_hashes.clear()
         _sets.clear()
         _valid.clear()
+        _built.clear()
         _link_parent_memo.clear()
         _network_fs_memo.clear()
         _absent_memo.clear()

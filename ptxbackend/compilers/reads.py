@@ -211,5 +211,7 @@ class OpenedFiles(object):
             session = self._recorder.end(self._session)
             self._session = None
             if session.complete:
-                self.paths = [p for p in session.paths if os.path.isfile(p)]
+                # Opened as files (directories are told apart by the event); only where an entry
+                # moved meanwhile can one have gone.
+                self.paths = [p for p in session.paths if not session.moved or os.path.isfile(p)]
         return False
