@@ -524,6 +524,25 @@ def test_unix_socket(own_valkey, namespace, fleet_key, tmp_path):
     assert store.state == "ok"
 
 
+def test_unix_socket_in_the_documented_form_with_the_password_from_its_file(own_valkey, namespace, fleet_key,
+                                                                          tmp_path):
+    """``unix:///run/valkey.sock`` as docs/configuration.md writes it (0.3.0 turned it into ``unix:/...``
+    and never connected); the password comes from PTXBACKEND_REMOTE_PASSWORD_FILE's value."""
+    path = str(tmp_path / "v.sock")
+    server = own_valkey(["--unixsocket", path, "--unixsocketperm", "700"])
+    url = "unix://" + path
+    assert url.startswith("unix:///")
+    store = RemoteStore(url, fleet_key, namespace=namespace, timeout=5.0, password=server.password)
+    store.put(ENTRY, b"kernel")
+    assert store.get(ENTRY) == b"kernel" and store.state == "ok"
+
+
+@pytest.mark.parametrize("url", ["redis://", "redis:///0", "unix://"])
+def test_a_url_that_names_no_server_is_one_clear_line(url):
+    with pytest.raises(ValueError, match="names no (host|socket)"):
+        RemoteStore(url, b"k" * 32)
+
+
 def test_single_node_cluster(own_valkey, redis_module, namespace, fleet_key, tmp_path):
     server = own_valkey(["--cluster-enabled", "yes",
                          "--cluster-config-file", str(tmp_path / "nodes.conf")])

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""ptxbackend's own time per miss (issue 24), CPU only: ``compile()`` minus the compiler's own work.
+
+N distinct kernels that include CuPy 14's headers (``-I`` its ``_core/include`` and the three ``_cccl``
+trees, as CuPy passes them) are compiled by NVRTC into an empty cache in one process; per miss, the time
+inside ``nvrtcCompileProgram``'s wrapper (``NvrtcCompiler._compile_program``) is subtracted from
+``compile()``'s, and the recording of what NVRTC opened (``reads.OpenedFiles``, which that wrapper
+enters) is added back: what is left is the key, the include roots' walk and watches, the dependency
+set, the entry's write.  The first two misses (NVRTC's start-up, the toolkit digest) are not counted.
+Each ``--tree`` (a ptxbackend source tree) runs in its own fresh process, trees interleaved, ``--pairs``
+times, in an empty working directory unless ``--cwd`` names one; the table gives the median per tree
+and its ratio to the first.
+
+    PTXBACKEND_NVRTC=.../libnvrtc.so.13 python benchmarks/bench_miss.py --tree old=/tmp/pb040a --tree now=.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HEADERS = '#include <cupy/complex.cuh>\n#include <cupy/carray.cuh>\n#include <cupy/atomics.cuh>\n'
+
+
+def child(tree, kernels):
+    sys.path.insert(0, tree)
+    import cupy
+    import ptxbackend
+    from ptxbackend.compilers import nvrtc, reads
+    if not os.path.realpath(ptxbackend.__file__).startswith(os.path.realpath(tree) + os.sep):
+        raise SystemExit("ptxbackend came from %s, not from %s" % (ptxbackend.__file__, tree))
+    compiler_s, recording_s = [], []
+
+    def timed(into, original):
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                into.append(time.perf_counter() - started)
+        return wrapper
+    nvrtc.NvrtcCompiler._compile_program = timed(compiler_s, nvrtc.NvrtcCompiler._compile_program)
+    for method in ("__enter__", "__exit__"):
+        setattr(reads.OpenedFiles, method, timed(recording_s, getattr(reads.OpenedFiles, method)))
+    base = os.path.join(os.path.dirname(cupy.__file__), "_core", "include")
+    options = ["-I" + base] + ["-I" + os.path.join(base, "cupy", "_cccl", d) for d in ("libcudacxx", "cub", "thrust")]
+    os.environ["PTXBACKEND_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-miss-")
+    own = []
+    for i in range(kernels + 2):
+        del compiler_s[:], recording_s[:]
+        started = time.perf_counter()
+        art = ptxbackend.compile(HEADERS + 'extern "C" __global__ void k%d(float* y) { y[0] = %d.0f; }\n' % (i, i),
+                                 options + ["--std=c++17"], target="compute_75", compiler="nvrtc",
+                                 name="%032x.cu" % i)
+        total = time.perf_counter() - started
+        if art.cache_hit:
+            raise SystemExit("kernel %d was a hit in an empty cache" % i)
+        if i >= 2:
+            own.append((total - sum(compiler_s) + sum(recording_s)) * 1e3)
+    print(json.dumps({"version": ptxbackend.__version__, "own_ms": own}))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", action="append", required=True, metavar="NAME=DIR")
+    parser.add_argument("--kernels", type=int, default=12)
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--cwd", help="the children's working directory (NVRTC's source directory, walked and "
+                        "watched: a busy one costs more); default: an empty one")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.kernels)
+    trees = [spec.partition("=")[::2] for spec in args.tree]
+    own = {name: [] for name, _ in trees}
+    for _ in range(args.pairs):
+        for name, tree in trees:
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", os.path.abspath(tree),
+                                   "--kernels", str(args.kernels), "--tree", "x"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                                  cwd=args.cwd or tempfile.mkdtemp(prefix="bench-miss-cwd-"))
+            if done.returncode:
+                raise SystemExit("%s: %s" % (name, done.stderr.strip()[-2000:]))
+            own[name] += json.loads(done.stdout.strip().splitlines()[-1])["own_ms"]
+    first = statistics.median(own[trees[0][0]])
+    print("| tree | ptxbackend's own ms per miss (median, min-max) | ratio to %s |" % trees[0][0])
+    print("| --- | --- | --- |")
+    for name, _ in trees:
+        values = own[name]
+        print("| %s | %.2f (%.2f-%.2f) | %.2f |" % (name, statistics.median(values), min(values), max(values),
+                                                  statistics.median(values) / first))
+
+
+if __name__ == "__main__":
+    main()
