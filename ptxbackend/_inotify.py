@@ -252,6 +252,9 @@ class ChangeWatcher(object):
     def pid(self):
         return self._inotify.pid
 
+    def close(self):
+        self._inotify.close()
+
     def watch(self, directories):
         """Watch each of ``directories``; ``False`` if any could not be watched."""
         ok = True

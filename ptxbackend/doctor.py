@@ -126,7 +126,25 @@ def _hook_report(warnings):
         report["cupy"] = cupy_integration.status()
     except Exception as exc:
         report["cupy"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    report["dependency_checks"] = _dependency_checks(report)
     return report
+
+
+def _dependency_checks(hook_report):
+    """How a hit re-checks the headers of CuPy's kernels (its include directory) and of NVRTC's quoted
+    includes (the working directory): a network file system makes every hit look at every header."""
+    from .cache import depsets
+    places = [os.getcwd()]
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and getattr(cupy, "__file__", None):
+        places.insert(0, os.path.join(os.path.dirname(cupy.__file__), "_core", "include"))
+    found = {}
+    for place in places:
+        try:
+            found[place] = depsets.watch_mode(place)
+        except Exception as exc:  # a report line, never a failure
+            found[place] = "unknown: %s: %s" % (type(exc).__name__, exc)
+    return found
 
 
 def _default_kind(settings, compilers):
@@ -354,6 +372,8 @@ def render(report):
             lines.append("cupy: %s (%s API), compiler %s; replaced: %s" % (
                 cupy["cupy_version"], cupy.get("generation"), cupy.get("compiler"),
                 ", ".join(cupy.get("replaced") or []) or "nothing"))
+        for place, how in sorted((hook.get("dependency_checks") or {}).items()):
+            lines.append("headers under %s: %s" % (place, how))
     jit = report.get("driver_jit_cache")
     if jit:
         by_hook = jit.get("set_by_hook") or ()

@@ -642,3 +642,19 @@ def test_a_set_built_again_from_the_same_reads_is_remembered_until_a_header_chan
     assert len(calls) > looked and third.digest != first.digest
     record = [f for f in json.loads(third.blob.decode())["files"] if f[0] == str(headers[3])][0]
     assert record[6] == hashlib.sha256(b"// edited\n").hexdigest()
+
+
+def test_doctor_says_how_the_headers_of_each_place_are_checked(tmp_path, monkeypatch):
+    """On a network file system every hit looks at every header (the H200's hook hit cost twice
+    0.2.0's and could not be told why): doctor says which way each place goes."""
+    from ptxbackend import doctor
+    monkeypatch.chdir(tmp_path)
+    depsets.forget()
+    monkeypatch.setattr(depsets, "_mount_type", lambda path: "nfs4")
+    how = depsets.watch_mode(str(tmp_path))
+    assert "every hit" in how and "nfs4" in how and "PTXBACKEND_DEPS_RECHECK" in how
+    text = doctor.render(doctor.collect())
+    assert "headers under %s: checked on every hit" % os.getcwd() in text, text
+    depsets.forget()
+    monkeypatch.setattr(depsets, "_mount_type", lambda path: "ext4")
+    assert depsets.watch_mode(str(tmp_path)).startswith(("checked once per process", "checked on every hit: no inotify"))

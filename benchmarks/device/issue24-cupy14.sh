@@ -31,6 +31,7 @@ say "rc=$?"; tail -n 6 "$OUT/gpu-tests.log"
 say "3. CuPy 14.2's slice through the installed hook"
 python3 -m pip install -q --no-index --no-deps $D/platformdirs-*.whl $D/filelock-*.whl > /dev/null 2>&1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation . > "$OUT/install.log" 2>&1 || { say "install failed"; tail "$OUT/install.log"; }
+( cd /tmp && python3 -m ptxbackend doctor 2>&1 | grep -E "^headers under" )  # inotify or every hit, per place
 rm -rf /tmp/c14 && mkdir -p /tmp/c14 && tar -xf .device/cupy14slice/tests.tar -C /tmp/c14
 SLICE="tests/cupy_tests/core_tests/test_elementwise.py tests/cupy_tests/core_tests/test_reduction.py
        tests/cupy_tests/core_tests/test_raw.py tests/cupy_tests/math_tests/test_arithmetic.py"

@@ -549,6 +549,22 @@ def _on_network_fs(path):
     return found
 
 
+def watch_mode(directory):
+    """How a set with files in ``directory`` is kept checked here, in words (``ptxbackend doctor``)."""
+    fstype = _mount_type(directory) or "unknown file system"
+    if _on_network_fs(directory):
+        how = ("checked at most every %g s (PTXBACKEND_DEPS_RECHECK)" % recheck_seconds if recheck_seconds
+               else "checked on every hit (PTXBACKEND_DEPS_RECHECK=N: at most every N s)")
+        return "%s: %s is a network or shared file system, where inotify does not hear other machines' " \
+               "writes" % (how, fstype)
+    from .. import _inotify
+    probe = _inotify.ChangeWatcher.open()
+    if probe is None:
+        return "checked on every hit: no inotify here"
+    probe.close()
+    return "checked once per process, then watched with inotify (%s)" % fstype
+
+
 def _mount_type(path):
     if not _mounts:
         mounts = []
