@@ -4,19 +4,8 @@
 #   2. Chainer 1.24 with nvcc 11.2 through the hook of 0.2.0 and of this tree (benchmarks/device/chainer-ab.sh);
 #   3. the legacy harness, steps a-e and g (tests/legacy/run_gpu.sh).
 # Carries .device/run24, .device/legacy and .device/nvcc112.tar.xz (about 53 MiB).  About 9 minutes.
-export PYTHONUNBUFFERED=1
-set -u
-D=.device/run24
-say() { echo "[issue24 ${SECONDS}s] $*"; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/*.whl || exit 2
-rm -rf /tmp/pb020 && mkdir -p /tmp/pb020 /tmp/tk && tar -xf $D/pb020.tar -C /tmp/pb020 || exit 2
-tar -xJf .device/nvcc112.tar.xz -C /tmp/tk || exit 2
-nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
-
-say "1. CuPy 14 A/B"
-PYTHONPATH=/tmp/site timeout 230 python3 benchmarks/cupy14_ab.py --tree 0.2.0=/tmp/pb020 --tree now="$PWD" \
-  --rounds 4 --budget-s 170 --child-timeout 100 --out "$OUT/cupy14-ab" > "$OUT/cupy14-ab.log" 2>&1
-say "rc=$?"
+ROUNDS=4 BUDGET=170
+. benchmarks/device/issue24-common.sh
 sed -n '1,20p' "$OUT/cupy14-ab/summary.md" 2>/dev/null || tail -n 30 "$OUT/cupy14-ab.log"
 
 say "2. Chainer 1.24 A/B"

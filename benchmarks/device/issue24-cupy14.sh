@@ -7,19 +7,8 @@
 # Carries .device/run24 (benchmarks/device/stage-run24.sh), .device/nvcc112.tar.xz and .device/cupy14slice
 # (tests.tar: `git archive v14.2.0 tests/conftest.py tests/cupy_tests/{__init__.py,core_tests,math_tests}` of a
 # CuPy clone): about 35 MiB.  Fits in 9.5 minutes: the A/B stops starting rounds past 270 s.
-export PYTHONUNBUFFERED=1
-set -u
-D=.device/run24
-say() { echo "[issue24 ${SECONDS}s] $*"; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/*.whl || exit 2
-rm -rf /tmp/pb020 && mkdir -p /tmp/pb020 /tmp/tk && tar -xf $D/pb020.tar -C /tmp/pb020 || exit 2
-tar -xJf .device/nvcc112.tar.xz -C /tmp/tk || exit 2
-nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
-
-say "1. CuPy 14 A/B"
-PYTHONPATH=/tmp/site timeout 330 python3 benchmarks/cupy14_ab.py --tree 0.2.0=/tmp/pb020 --tree now="$PWD" \
-  --rounds 6 --budget-s 270 --child-timeout 120 --out "$OUT/cupy14-ab" > "$OUT/cupy14-ab.log" 2>&1
-say "rc=$?"
+ROUNDS=6 BUDGET=270
+. benchmarks/device/issue24-common.sh
 grep -E "^(check|round|budget)" "$OUT/cupy14-ab.log" | cut -c1-160
 cat "$OUT/cupy14-ab/summary.md" 2>/dev/null | sed -n '1,20p' || tail -n 30 "$OUT/cupy14-ab.log"
 
