@@ -105,8 +105,8 @@ def _cmd_cache(args):
     elif args.action == "push":
         from .engine import open_cache
         settings = load_settings(cache_dir=args.cache_dir)
-        cache = open_cache(settings)
         _fleet_store(settings, "cache push")
+        cache = open_cache(settings)
         if not cache.remote.writable:
             raise PtxBackendError("cache push: the %s is read-only here "
                                   "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)
@@ -180,6 +180,8 @@ def _cache_exists(settings):
 
 def _fleet_store(settings, what):
     from .engine import open_cache, remote_problem
+    from .state import state
+    state.warned.add("remote")  # a command that needs the store says what is wrong as its error, once
     remote = open_cache(settings).remote
     if remote is None:
         raise PtxBackendError("%s needs a fleet store: %s" % (
