@@ -230,9 +230,19 @@ def collect():
     if all("error" in info for info in compilers.values()):
         warnings.append("no compiler found: only kernels already in the cache can be loaded. Install a CUDA "
                         "toolkit or `pip install nvidia-cuda-nvrtc-cu12`, or set PTXBACKEND_NVCC.")
-    report.update(compilers=compilers, driver=drv, devices=devices, hook=_hook_report(warnings),
+    report.update(compilers=compilers, driver=drv, devices=devices, libraries=_libraries_report(),
+                  hook=_hook_report(warnings),
                   driver_jit_cache=_jit_cache_report(warnings, settings), warnings=warnings)
     return report
+
+
+def _libraries_report():
+    """Where `warm --libs cudnn` would find cuDNN (the same search), or what to install: advice, not a
+    warning, since most programs never load it.  Nothing is loaded."""
+    from .libsearch import find_cuda_library
+    from .libwarm import not_found_message
+    path, looked = find_cuda_library("cudnn")
+    return {"cudnn": {"path": path} if path else {"missing": not_found_message("cudnn", looked)}}
 
 
 def _redacted(name, value):
@@ -357,6 +367,8 @@ def render(report):
                     uses = "; this GPU uses its %s part%s" % (choice["uses"], " (JIT)" if str(
                         choice["uses"]).startswith("compute") else "")
                 lines.append("  %s -> %s (%s): %s%s" % (kind, choice["target"], choice["kind"], choice["why"], uses))
+    for name, info in sorted((report.get("libraries") or {}).items()):
+        lines.append("%s: %s" % (name, info.get("path") or "not found: " + info["missing"]))
     hook = report.get("hook")
     if hook:
         where = ", ".join(hook["pth_files"]) or "not installed"

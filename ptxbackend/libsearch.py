@@ -17,7 +17,7 @@ import sys
 from .errors import CompilerNotFoundError
 
 __all__ = ["NVRTC_ENV", "NVRTC_HOW_TO_FIX", "find_nvrtc", "is_nvrtc_builtins", "find_cuda_library",
-           "library_places", "library_version", "best_in_dir", "resolve_soname"]
+           "library_places", "cupy_bundled_places", "library_version", "best_in_dir", "resolve_soname"]
 
 NVRTC_ENV = "PTXBACKEND_NVRTC"
 
@@ -157,6 +157,22 @@ def _is_working_directory(index, entry):
         return index == 0
 
 
+def cupy_bundled_places():
+    """Yield ``("CuPy's bundled libraries", directory)`` for ``cupy/.data/lib`` under each ``sys.path`` entry.
+
+    CuPy wheels up to v8 (cupy-cuda80 7.8.0: ``libcudnn.so.7``) ship cuDNN and NCCL there and load them
+    through an RPATH, which outranks ``LD_LIBRARY_PATH``: that copy is the one a CuPy program starts, so
+    the one worth warming.  Only directories that exist are yielded, and never the working directory
+    that ``python -c``/``-m`` put first (see :func:`_is_working_directory`).  CuPy is not imported.
+    """
+    for index, entry in enumerate(sys.path):
+        if not isinstance(entry, str) or _is_working_directory(index, entry):
+            continue
+        directory = os.path.join(os.path.abspath(entry), "cupy", ".data", "lib")
+        if os.path.isdir(directory):
+            yield "CuPy's bundled libraries", directory
+
+
 def _ld_library_path():
     return [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
 
@@ -229,7 +245,8 @@ def resolve_soname(name):
 def find_cuda_library(stem, wheel_packages=("*",)):
     """Look for the library ``lib<stem>.so*`` (``cudnn``, ``cublas``, ...).
 
-    Search order, first hit wins: :func:`library_places` (the toolkit, then
+    Search order, first hit wins: an installed CuPy's ``cupy/.data/lib``
+    (:func:`cupy_bundled_places`), :func:`library_places` (the toolkit, then
     the pip wheels), each ``LD_LIBRARY_PATH`` directory, then the dynamic
     loader's cache (``ctypes.util.find_library``, resolved to a file).  When a
     directory holds several versions the highest wins.  Nothing is loaded.
@@ -238,10 +255,12 @@ def find_cuda_library(stem, wheel_packages=("*",)):
         ``(path, looked)``: the path, or ``None`` when nothing was found, and
         the places searched, one line each, for the caller's error message.
     """
-    places = itertools.chain(library_places(wheel_packages), _ld_library_path_places())
+    places = itertools.chain(cupy_bundled_places(), library_places(wheel_packages), _ld_library_path_places())
     path, looked = _first_in(places, stem)
     if path:
         return path, looked
+    if not any(line.startswith("CuPy's bundled") for line in looked):
+        looked.insert(0, "CuPy's bundled libraries: cupy/.data/lib in every sys.path entry (none present)")
     if not any(line.startswith("pip wheel") for line in looked):
         sub = "bin" if _WINDOWS else "lib"
         looked.append("pip wheel: %s in every sys.path entry (none present)"

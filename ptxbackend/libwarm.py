@@ -48,7 +48,20 @@ def find_library(name_or_path):
     path, looked = find_cuda_library(stem)
     if path:
         return path
-    raise OSError("no lib%s.so* found; give its path. Looked in:\n  - %s" % (stem, "\n  - ".join(looked)))
+    raise OSError(not_found_message(stem, looked))
+
+
+# What provides each library to a user who has none: NVIDIA's pip wheels, or (cuDNN) a CuPy wheel that
+# bundles it in cupy/.data/lib, as cupy-cuda80 7.8.0 does with cuDNN 7.
+_INSTALL = {"cudnn": "pip install nvidia-cudnn-cu12 or a CuPy wheel that bundles it (cupy-cuda80==7.8.0 does)",
+            "cublas": "pip install nvidia-cublas-cu12", "curand": "pip install nvidia-curand-cu12"}
+
+
+def not_found_message(stem, looked):
+    """One line: that ``lib<stem>.so*`` is absent, what to install or set, and where it was looked for."""
+    return ("no lib%s.so* found: %s, put the directory holding it on LD_LIBRARY_PATH, or name the file "
+            "(--libs /path/to/lib%s.so.N). Looked in: %s"
+            % (stem, _INSTALL.get(stem, "install the CUDA toolkit or NVIDIA's wheel of it"), stem, "; ".join(looked)))
 
 
 def _check(status, call):
