@@ -14,7 +14,8 @@ import pytest
 
 from conftest import REPO
 
-CUDNN_SOURCE = "#include <stddef.h>\nsize_t cudnnGetVersion(void) { return %d; }\n"
+CUDNN_SOURCE = ("#include <stddef.h>\nsize_t cudnnGetVersion(void) { return %d; }\n"
+                "size_t cudnnGetCudartVersion(void) { return 8000; }\n")
 
 
 def _build_cudnn(directory, version=7102, name="libcudnn.so.7"):
