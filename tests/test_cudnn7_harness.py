@@ -131,3 +131,51 @@ def test_a_process_is_cut_at_the_calls_deadline_and_the_next_call_goes_on_over_t
                                                                       ("second", 1, 0)]
     assert len(set(r["cuda_cache"]["CUDA_CACHE_PATH"] for r in records)) == 1
     assert "first                                    2 process(es)" in proc.stdout
+
+
+def _stage(tmp_path, staged, home):
+    env = dict(os.environ, CUDNN7_STAGED=str(staged), CUDNN7_HOME=str(home), OUT=str(tmp_path / "out"),
+               CUDNN7_STAGE_ONLY="1")
+    return subprocess.run(["bash", os.path.join(HERE, "run_gpu.sh")], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True)
+
+
+def _staged_parts(tmp_path, lib):
+    """What build.sh leaves in .device/cudnn7 (xz, split, SHA256SUMS), for a small real library."""
+    import hashlib
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    compressed = subprocess.check_output(["xz", "-c", lib])
+    size = len(compressed) // 3 + 1
+    parts = [compressed[i:i + size] for i in range(0, len(compressed), size)]
+    sums = ["%s  libcudnn.so.7" % hashlib.sha256(open(lib, "rb").read()).hexdigest(),
+            "%s  libcudnn.so.7.xz" % hashlib.sha256(compressed).hexdigest()]
+    for index, part in enumerate(parts):
+        name = "libcudnn.so.7.xz.part-%02d" % index
+        (staged / name).write_bytes(part)
+        sums.append("%s  %s" % (hashlib.sha256(part).hexdigest(), name))
+    (staged / "SHA256SUMS").write_text(u"\n".join(sums) + "\n")
+    return staged, ["libcudnn.so.7.xz.part-%02d" % i for i in range(len(parts))]
+
+
+def test_run_gpu_assembles_the_library_over_calls_and_refuses_a_part_that_does_not_match(tmp_path):
+    lib = _build_cudnn(tmp_path / "lib")
+    staged, parts = _staged_parts(tmp_path, lib)
+    assert len(parts) == 3
+    home = tmp_path / "home"
+    data = dict((name, (staged / name).read_bytes()) for name in parts)
+    for name in parts[1:]:  # the first call carries the first part only
+        (staged / name).unlink()
+    proc = _stage(tmp_path, staged, home)
+    assert proc.returncode == 0 and "still to carry: %s" % " ".join(parts[1:]) in proc.stdout, proc.stdout
+    # The second call brings a part changed in one byte: refused by the call that brought it.
+    (staged / parts[1]).write_bytes(data[parts[1]][:-1] + bytes([data[parts[1]][-1] ^ 1]))
+    proc = _stage(tmp_path, staged, home)
+    assert proc.returncode == 2 and "%s: sha256" % parts[1] in proc.stdout, proc.stdout
+    assert not (home / "parts" / parts[1]).exists()
+    for name in parts[1:]:  # the same part as built, and the last one: the library is put together
+        (staged / name).write_bytes(data[name])
+    proc = _stage(tmp_path, staged, home)
+    assert proc.returncode == 0, proc.stdout
+    placed = home / "site" / "cupy" / ".data" / "lib" / "libcudnn.so.7"
+    assert placed.read_bytes() == open(lib, "rb").read()

@@ -18,7 +18,7 @@ export CUDNN7_STARTED=$(date +%s)
 mkdir -p "$OUT" "$CUDNN7_HOME/parts"
 
 main() {
-staged=$repo/.device/cudnn7
+staged=${CUDNN7_STAGED:-$repo/.device/cudnn7}
 home=$CUDNN7_HOME
 say() { echo "[run_gpu $((SECONDS))s] $*"; }
 lib=$home/site/cupy/.data/lib/libcudnn.so.7
@@ -49,6 +49,7 @@ if [ ! -f "$lib" ]; then
   rm -rf "$home/parts" "$home/libcudnn.so.7.xz"
   say "libcudnn.so.7 in place: $lib"
 fi
+[ "${CUDNN7_STAGE_ONLY:-0}" = 1 ] && exit 0
 
 # ptxbackend from this checkout, in a venv that sees the machine's numpy (its .pth hook is active there;
 # the stock runs use the machine's python3, where ptxbackend is not installed, with PTXBACKEND_DISABLE=1).
