@@ -67,7 +67,7 @@ if [ -z "${CUDNN7_STEPS:-}" ]; then
   exit 0
 fi
 export CUDNN7_LIB=$lib CUDNN7_VENV_PYTHON=$venv/bin/python CUDNN7_SITE=$home/site
-python3 tests/cudnn7/scenarios.py
+"$venv/bin/python" tests/cudnn7/scenarios.py
 }
 
 main 2>&1 | tee "$OUT/run_gpu.log"

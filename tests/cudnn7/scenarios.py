@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+from ptxbackend.libwarm import tree_size  # run by the venv's python (run_gpu.sh), where ptxbackend is
+
 HOME = os.environ["CUDNN7_HOME"]
 LIB = os.environ["CUDNN7_LIB"]
 VENV_PY = os.environ["CUDNN7_VENV_PYTHON"]
@@ -52,14 +54,7 @@ def say(message):
 
 
 def jit_bytes(path):
-    total = 0
-    for base, _dirs, files in os.walk(path or "/nonexistent"):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(base, name)).st_size
-            except OSError:
-                pass
-    return total
+    return tree_size(path) if path else 0
 
 
 def runs(scenario, label=None):
