@@ -13,14 +13,17 @@ speed, because a fleet cache is a remote, shared, writable place:
   value copied under another name or into another namespace fails its check.
   A value that fails is a miss (counted as ``rejected``), never returned.
 
-* **Fail-open, bounded.**  The first connection error, timeout or refusal
-  (wrong password ...) turns the store off for the rest of the process, as
-  ccache's remote storage does: one warning, then every call returns at once
-  without touching the network, and the program goes on with its local cache.
-  A dead server costs at most one timeout per process (``remote_timeout``,
-  0.25 s by default, one deadline for a whole operation, connecting
-  included; no retries), and a slow one at most ``remote_budget`` seconds
-  of requests per process.  Every reply is bounded before it is read
+* **Fail-open, bounded, half-open.**  A connection error, timeout or refusal
+  (wrong password ...) opens the breaker: one warning, then every call returns
+  at once without touching the network, and the program goes on with its local
+  cache.  Unlike ccache's remote storage (or PyTorch's Redis cache) the store is
+  not given up for the process's life: one call at most every ``remote_retry``
+  seconds (30 s by default) is let through as a probe, so a restarted server is
+  used again without restarting the program.  A dead server costs at most one
+  timeout per probe (``remote_timeout``, 0.25 s by default, one deadline for a
+  whole operation, connecting included; no retries), and every request, probes
+  included, counts against ``remote_budget`` seconds per process: a store
+  turned off by its budget stays off.  Every reply is bounded before it is read
   (:mod:`.resp`); a reply of the wrong type is a fault like a timeout.
   Nothing here raises from ``get``/``put``/``delete``/``lock``.
 
@@ -92,6 +95,8 @@ _LOCK_VALUE = re.compile(br"^([0-9a-f]{32})\.([0-9]{1,15})\.([0-9a-f]{64})$")
 #: How far another machine's clock may be ahead of ours when it stamps a lock (seconds).
 _CLOCK_SKEW = 30.0
 _SKIP = object()  # "no answer": the store is off, or the call just failed
+#: Seconds between probes of a failed store (PTXBACKEND_REMOTE_RETRY); 0: never again in this process.
+DEFAULT_RETRY = 30.0
 
 # Warnings given at most once per process (a bad fleet key rejects every value).
 _warned = set()
@@ -199,7 +204,7 @@ class RemoteStore(Store):
     writable = True
 
     def __init__(self, url, key, mode="rw", timeout=0.25, namespace="ptxbackend", password=None,
-                 ttl=0, lock_expiry=120.0, budget=DEFAULT_BUDGET):
+                 ttl=0, lock_expiry=120.0, budget=DEFAULT_BUDGET, retry=DEFAULT_RETRY):
         scheme = urlsplit(url).scheme.lower()
         if scheme not in SCHEMES:
             raise ValueError("the fleet store URL %s has scheme %r: use redis://, rediss:// (TLS) or unix://"
@@ -222,6 +227,8 @@ class RemoteStore(Store):
         #: Seconds of requests this process may spend on the server; past them the store turns off.
         self.budget = float(budget) if budget else None
         self.spent = 0.0
+        #: Seconds between probes once the breaker is open (None: it stays open).
+        self.retry = float(retry) if retry and float(retry) > 0 else None
         self.namespace = namespace
         self.ttl = int(-(-float(ttl or 0) // 1))  # whole seconds, rounded up: EX takes an integer
         self.lock_expiry = float(lock_expiry)
@@ -231,6 +238,8 @@ class RemoteStore(Store):
         self._lock_prefix = "%s:lock:%s/" % (namespace, LAYOUT)
         self._client = None
         self._failed = None
+        self._failed_at = 0.0  # monotonic time of the last failure or probe
+        self._final = False  # the budget ran out: no probe can bring the store back
         self._connected = False
         self._guard = threading.Lock()
         self._io = threading.Lock()  # one connection: one request at a time
@@ -247,31 +256,64 @@ class RemoteStore(Store):
         self.requests += 1  # a cluster client asks for the slot map as it is built
         return ClusterClient(self._url, self._endpoint, self.timeout)
 
-    def _fail(self, exc, level):
+    def _fail(self, exc, level, final=False):
         with self._guard:
             self._count(level, "errors")
-            if self._failed is not None:
-                return
-            self._failed = _explain(exc)
+            self._failed_at = time.monotonic()
+            self._final = self._final or final
             client, self._client = self._client, None
-        log.warning("ptxbackend: the fleet store at %s failed (%s); this program continues with its local "
-                    "cache only and does not use the fleet store again until it restarts",
-                    self.url, self._failed)
+            first = self._failed is None
+            if first:
+                self._failed = _explain(exc)
+        if not first:
+            log.debug("ptxbackend: the fleet store at %s is still unusable (%s)", self.url, _explain(exc))
+        elif self.retry is None or self._final:
+            log.warning("ptxbackend: the fleet store at %s failed (%s); this program continues with its "
+                        "local cache only and does not use the fleet store again until it restarts",
+                        self.url, self._failed)
+        else:
+            log.warning("ptxbackend: the fleet store at %s failed (%s); this program continues with its "
+                        "local cache only and tries the fleet store again at most every %g s",
+                        self.url, self._failed, self.retry)
         try:
             if client is not None:
                 client.close()
         except Exception:  # closing a dead connection may fail too; nothing to do about it
             pass
 
+    def _off(self):
+        """Whether the breaker is open and no probe is due: the caller returns at once."""
+        if self._failed is None:
+            return False
+        return (self._final or self.retry is None
+                or time.monotonic() - self._failed_at < self.retry)
+
+    def _admit(self):
+        """Whether a call may go to the server now: the breaker is closed, or this call is the one
+        probe of the interval (claimed under the guard, so concurrent callers do not all probe)."""
+        if self._failed is None:
+            return True
+        with self._guard:
+            if self._off():
+                return False
+            self._failed_at = time.monotonic()
+            return True
+
+    def _recovered(self):
+        with self._guard:
+            was, self._failed = self._failed, None
+        if was is not None:
+            log.warning("ptxbackend: the fleet store at %s answers again; this program uses it again", self.url)
+
     def _call(self, level, operation, write=False):
         """``operation(client)``'s result, or ``_SKIP`` when the store is off or the call failed."""
-        if self._failed is not None:
+        if not self._admit():
             return _SKIP
         started = None
         try:
             with self._io:
                 started = time.monotonic()  # waiting for another thread's request is not the server's time
-                if self._client is None and self._failed is None:
+                if self._client is None:
                     self._client = self._make_client()
                 client = self._client
                 if client is None:
@@ -283,11 +325,15 @@ class RemoteStore(Store):
             if write and _write_refused(exc):
                 with self._guard:
                     self._count(level, "errors")
+                if self._failed is not None:
+                    self._recovered()  # it answered: reachable again, only this write was refused
                 log.debug("ptxbackend: the fleet store refused a write (%s)", _explain(exc))
                 return _SKIP
             self._fail(exc, level)
             return _SKIP
         self._connected = True
+        if self._failed is not None:
+            self._recovered()
         self._charge(started, level)
         return result
 
@@ -296,10 +342,10 @@ class RemoteStore(Store):
         if started is None:
             return
         self.spent += time.monotonic() - started
-        if self.budget is not None and self.spent > self.budget and self._failed is None:
+        if self.budget is not None and self.spent > self.budget and not self._final:
             self._fail(resp.Fault("this process spent %.1f s waiting for it, over its budget of %.1f s "
                                   "(PTXBACKEND_REMOTE_BUDGET): it is too slow" % (self.spent, self.budget)),
-                       level)
+                       level, final=True)
 
     @contextlib.contextmanager
     def unbudgeted(self):
@@ -372,7 +418,7 @@ class RemoteStore(Store):
         return blob.tobytes()
 
     def put(self, name, blob):
-        if not self.writable or self._failed is not None:
+        if not self.writable or self._off():
             return
         level = _level(name)
         blob = bytes(blob)
@@ -387,7 +433,7 @@ class RemoteStore(Store):
             self._bump(level, "puts")
 
     def delete(self, name):
-        if not self.writable or self._failed is not None:
+        if not self.writable or self._off():
             return
         redis_key = self._prefix + name
         self._call(_level(name), lambda client: client.execute(("DEL", redis_key)), write=True)
@@ -400,7 +446,7 @@ class RemoteStore(Store):
         ``timeout`` seconds for a lock that verifies, then yields ``False`` and the caller compiles
         anyway.  A lock that does not verify (no fleet key behind it) is not waited for.
         """
-        if not self.writable or self._failed is not None:
+        if not self.writable or self._off():
             yield False
             return
         level = _level(name)
@@ -604,7 +650,8 @@ def open_remote(settings):
                             namespace=getattr(settings, "remote_namespace", "ptxbackend") or "ptxbackend",
                             password=password,
                             ttl=getattr(settings, "remote_ttl", 0) or 0,
-                            budget=getattr(settings, "remote_budget", DEFAULT_BUDGET))
+                            budget=getattr(settings, "remote_budget", DEFAULT_BUDGET),
+                            retry=getattr(settings, "remote_retry", DEFAULT_RETRY))
     except ValueError as exc:
         return None, str(exc)
     return store, None
