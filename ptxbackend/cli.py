@@ -217,6 +217,8 @@ def _print_remote(settings):
     reachable = cache.remote.ping() if hasattr(cache.remote, "ping") else None
     print("remote:    %s (%s): %s" % (cache.remote.description, settings.remote_mode,
                                        "reachable" if reachable else cache.remote.stats().get("state")))
+    from .counters import cache_counters, describe
+    print("counters:  %s (this process)" % describe(cache_counters()))
 
 
 def _cmd_warm(args):

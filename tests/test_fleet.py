@@ -41,7 +41,8 @@ for i in order:
     images[i] = __import__("hashlib").sha256(art.image).hexdigest()
     hits[i] = art.cache_hit
 cache = engine.open_cache(load_settings(device_cc="9.0"))
-print(json.dumps({"images": images, "hits": hits, "stats": cache.stats(), "warnings": warnings}))
+print(json.dumps({"images": images, "hits": hits, "stats": cache.stats(), "warnings": warnings,
+                  "counters": ptxbackend.cache_counters()}))
 '''
 
 
@@ -103,6 +104,10 @@ def test_second_machine_compiles_nothing_and_keeps_what_it_fetched(fleet):
     assert second["images"] == first["images"]
     assert all(second["hits"].values()) and second["stats"]["remote_hits"] == len(kernels)
     assert second["warnings"] == []
+    counters = second["counters"]  # the public per-tier counters say the same
+    assert counters["remote_hits"] == len(kernels) and counters["local_hits"] == 0
+    assert counters["failures"] == counters["rejected"] == 0 and counters["round_trips"] >= 1
+    assert counters["remote_seconds"] > 0
     # What the second machine fetched is in its own cache now: a later start there is local.
     report, = machines(fleet, 1, kernels, cache_dir=second["cache_dir"])
     assert report["stats"]["local_hits"] == len(kernels) and report["stats"]["remote_hits"] == 0
@@ -136,6 +141,7 @@ def test_a_tampered_value_is_never_loaded_and_the_kernel_is_compiled_here(fleet,
     assert count_calls(calls, "--ptx") == 2 and not any(second["hits"].values())
     # Refused at each look (before and after the lock), reported once, never loaded.
     assert second["stats"]["remote"]["entry"]["rejected"] >= 1 and second["stats"]["remote_hits"] == 0
+    assert second["counters"]["rejected"] >= 1 and second["counters"]["remote_hits"] == 0
     assert len([w for w in second["warnings"] if "fleet store value" in w]) == 1, second["warnings"]
     # The second machine's upload replaced the bad value: a third machine is served again.
     third, = machines(fleet, 1, kernels)
@@ -162,6 +168,7 @@ def test_a_dead_remote_costs_one_failure_per_process_and_nothing_else(fleet, ser
     assert report["images"] and len([w for w in report["warnings"] if "fleet store" in w or "remote" in w]) == 1
     assert remote["state"].startswith("failed")
     assert sum(remote[level]["errors"] for level in ("entry", "jit", "other")) == 1  # the first call only
+    assert report["counters"]["failures"] == 1 and report["counters"]["remote_hits"] == 0
 
 
 def test_a_paused_server_trips_the_breaker_once(fleet, server_binary, tmp_path):
@@ -200,6 +207,12 @@ def test_cache_push_seeds_the_fleet_from_a_build_box(fleet):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("pushed ")
+    info = subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "info"],
+                          env=dict(env, PTXBACKEND_CACHE_DIR=str(tmp_path / "build-box")),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert info.returncode == 0 and "reachable" in info.stdout, info.stderr
+    assert "counters:  local hits 0, remote hits 0, prefetched 0" in info.stdout
+    assert "failures 0, round trips 1, remote seconds " in info.stdout  # its PING
     report, = machines(fleet, 1, kernels)
     assert all(report["hits"].values()) and count_calls(calls, "--ptx") == len(kernels)  # the box's only
 

@@ -32,7 +32,8 @@ class EntryCache(object):
         self.remote = remote
         self.root = getattr(local, "root", None)
         self.meta_dir = getattr(local, "meta_dir", None)
-        self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0, "uploads": 0, "discarded": 0}
+        self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0, "uploads": 0, "discarded": 0,
+                         "remote_discarded": 0}
         self._unwritable_reported = False
         self._remote_discard_reported = False
         self.push_withheld = 0  # entries the last push() kept here (arrived unsigned: provenance.py)
@@ -115,6 +116,7 @@ class EntryCache(object):
         if store is self.local:
             log.warning("ptxbackend: discarding cache entry %s: %s; it will be rebuilt", store.path_of(name), why)
         else:
+            self.counters["remote_discarded"] += 1
             # A fleet store can hold many bad values (an old or broken uploader): say so once.
             report = log.debug if self._remote_discard_reported else log.warning
             self._remote_discard_reported = True
