@@ -108,6 +108,8 @@ def test_second_machine_compiles_nothing_and_keeps_what_it_fetched(fleet):
     assert counters["remote_hits"] == len(kernels) and counters["local_hits"] == 0
     assert counters["failures"] == counters["rejected"] == 0 and counters["round_trips"] >= 1
     assert counters["remote_seconds"] > 0
+    # The first lookup brought the others (and the dependency set) with it: one round trip in all.
+    assert counters["round_trips"] == 1 and counters["prefetched"] >= len(kernels) - 1
     # What the second machine fetched is in its own cache now: a later start there is local.
     report, = machines(fleet, 1, kernels, cache_dir=second["cache_dir"])
     assert report["stats"]["local_hits"] == len(kernels) and report["stats"]["remote_hits"] == 0

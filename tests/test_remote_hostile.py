@@ -164,7 +164,9 @@ def test_integer_replies_take_no_lock_and_are_no_pong(fleet_key, logged):
 
 def test_a_server_just_under_the_timeout_trips_the_budget(fleet_key, logged):
     with FakeServer(lambda command: b"$0\r\n\r\n", delay=0.15) as server:
-        store = RemoteStore(server.url, fleet_key, timeout=0.5, budget=1.0)
+        # Read-only: this fake delays each command, and a writer's first lookup pipelines the
+        # working set's upkeep with it (four commands: over the timeout here, not just under it).
+        store = RemoteStore(server.url, fleet_key, timeout=0.5, budget=1.0, mode="ro")
         for _ in range(30):
             store.get(ENTRY)
         assert "budget of 1.0 s" in store.state and "PTXBACKEND_REMOTE_BUDGET" in store.state

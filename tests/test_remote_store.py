@@ -672,6 +672,13 @@ def test_single_node_cluster(own_valkey, redis_module, namespace, fleet_key, tmp
     with store.lock(ENTRY, 1) as held:
         assert held
     assert store.state == "ok"
+    # The working set: its names from the set's slot, then each value from its own slot.
+    other = ENTRY.replace(KEY_HEX, "cd" * 32).replace("/ab/", "/cd/")
+    store.put(other, b"other kernel")
+    reader = RemoteStore(server.url + "?cluster=yes", fleet_key, namespace=namespace, timeout=5.0, mode="ro")
+    assert reader.get(ENTRY) == b"kernel" and reader.prefetched == 1
+    requests = reader.requests
+    assert reader.get(other) == b"other kernel" and reader.requests == requests
 
 
 # -- open_remote --------------------------------------------------------------------------------------

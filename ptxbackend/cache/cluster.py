@@ -8,7 +8,7 @@ cluster client the interface of :class:`.resp.Client` (``execute``, ``scan``, ``
 
 import inspect
 
-from .resp import Fault
+from .resp import Fault, ReplyError
 
 
 class ClusterClient(object):
@@ -29,6 +29,18 @@ class ClusterClient(object):
     def execute(self, *commands):
         # redis-py's reply callbacks turn OK and PONG into True: the store accepts both spellings.
         return [self._client.execute_command(*command) for command in commands]
+
+    def results(self, *commands):
+        """As :meth:`execute`, error replies in place (see :meth:`.resp.Client.results`).  One command
+        at a time: the keys of one pipeline may live on several slots."""
+        from redis.exceptions import ResponseError
+        replies = []
+        for command in commands:
+            try:
+                replies.append(self._client.execute_command(*command))
+            except ResponseError as exc:
+                replies.append(ReplyError(str(exc)))
+        return replies
 
     def scan(self, pattern):
         keys = list(self._client.scan_iter(match=pattern, count=1000))

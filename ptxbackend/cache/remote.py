@@ -57,7 +57,7 @@ import time
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from . import resp
+from . import resp, workingset
 from .base import Store
 from .store import KIND_SUFFIXES, LAYOUT
 
@@ -191,6 +191,17 @@ def _string(reply):
     return reply
 
 
+def _main(replies, string=False):
+    """``replies`` whose first (the request itself) must have succeeded (and be a ``string``, when
+    asked); the others are the working set's upkeep, which may fail alone (a full server refusing
+    ZADD) without failing the request."""
+    if isinstance(replies[0], resp.ReplyError):
+        raise replies[0]
+    if string:
+        _string(replies[0])
+    return replies
+
+
 def _lock_mac(key, lock_key, token, taken):
     mac = hmac.new(key, _LOCK_CONTEXT, hashlib.sha256)
     mac.update(lock_key)
@@ -236,6 +247,14 @@ class RemoteStore(Store):
         self.description = "fleet store %s (namespace %s, mode %s)" % (self.url, namespace, mode)
         self._prefix = "%s:%s/" % (namespace, LAYOUT)
         self._lock_prefix = "%s:lock:%s/" % (namespace, LAYOUT)
+        self._set_prefix = "%s:ws:%s/" % (namespace, LAYOUT)
+        #: The working set's values taken and verified, until a lookup asks for them (name -> blob).
+        self._memory = {}
+        self._fetched = set()  # groups whose working set this process asked for
+        self._recent_group = None  # the group a dependency set's use is recorded in
+        self._used = []  # (group, name) served from memory, recorded with the next request
+        #: Values the working set brought in and that verified.
+        self.prefetched = 0
         self._client = None
         self._failed = None
         self._failed_at = 0.0  # monotonic time of the last failure or probe
@@ -384,16 +403,96 @@ class RemoteStore(Store):
 
     def get(self, name):
         level = _level(name)
+        group = self._group(name)
+        if self._memory:
+            with self._guard:
+                held = self._memory.pop(name, None)
+                if held is not None:
+                    self._count(level, "hits")
+                    if self.writable and group is not None and len(self._used) < workingset.FETCH_COUNT:
+                        self._used.append((group, name))
+            if held is not None:
+                return held
         redis_key = self._prefix + name
         # One byte past the bound: a longer answer is refused without ever reading it all.
-        read = ("GETRANGE", redis_key, 0, HEADER_SIZE + MAX_VALUE)
+        commands = [("GETRANGE", redis_key, 0, HEADER_SIZE + MAX_VALUE)]
         if self.ttl:
-            # A hit keeps the value alive; a miss is a no-op.
-            raw = self._call(level, lambda client: _string(
-                client.execute(read, ("EXPIRE", redis_key, self.ttl))[0]))
-        else:
-            raw = self._call(level, lambda client: _string(client.execute(read)[0]))
-        if raw is _SKIP:
+            commands.append(("EXPIRE", redis_key, self.ttl))  # a hit keeps the value alive; a miss: no-op
+        fetch = self._claim_fetch(group)
+        if fetch is not None:
+            commands.append(("ZREVRANGE", fetch, 0, workingset.FETCH_COUNT - 1) if self._cluster else
+                            ("EVAL", workingset.FETCH_SCRIPT, 1, fetch, self._prefix, workingset.FETCH_COUNT,
+                             workingset.FETCH_BYTES, HEADER_SIZE + MAX_VALUE))
+        commands.extend(self._touches(name, group))
+        replies = self._call(level, lambda client: _main(client.results(*commands), string=True))
+        if replies is _SKIP:
+            if fetch is not None:
+                self._fetched.discard(group)  # asked again once the store answers
+            return None
+        if fetch is not None:
+            self._take_working_set(name, replies[2 if self.ttl else 1])
+        return self._verify(level, redis_key, replies[0])
+
+    def _group(self, name):
+        group = workingset.group_of(name)
+        if group is not None:
+            self._recent_group = group
+            return group
+        return self._recent_group if name.startswith("depsets/") else None
+
+    def _claim_fetch(self, group):
+        """The set key to fetch with this request, once per group and process; else ``None``."""
+        if group is None:
+            return None
+        with self._guard:
+            if group in self._fetched:
+                return None
+            self._fetched.add(group)
+        return self._set_prefix + group
+
+    def _touches(self, name, group):
+        """Commands recording this use and those served from memory since the last request (rw only:
+        a read-only line PC writes nothing)."""
+        if not self.writable:
+            return []
+        with self._guard:
+            used, self._used = self._used, []
+        if group is not None:
+            used.append((group, name))
+        now = int(time.time() * 1000)
+        commands = []
+        for used_group, used_name in used:
+            commands.extend(workingset.touch(self._set_prefix + used_group, used_name, now))
+        return commands
+
+    def _take_working_set(self, name, reply):
+        """Verify the working set's values and keep those that pass until a lookup asks for them."""
+        if isinstance(reply, resp.ReplyError):  # EVAL refused (an ACL, a script-less server): no prefetch
+            log.debug("ptxbackend: the fleet store did not send the working set: %s", reply)
+            return
+        if self._cluster:
+            names = [member for member in reply if workingset.valid_name(member)] \
+                if isinstance(reply, list) else []
+            # Per key: a cluster keeps them on any slot.
+            commands = [("GETRANGE", self._prefix + member.decode("ascii"), 0, HEADER_SIZE + MAX_VALUE)
+                        for member in names]
+            values = self._call("other", lambda client: client.results(*commands)) if commands else []
+            if values is _SKIP:
+                return
+            reply = [item for pair in zip(names, values) for item in pair]
+        for member, raw in workingset.pairs(reply):
+            if member == name or not raw:
+                continue
+            blob = self._verify(_level(member), self._prefix + member, raw, count_hit=False)
+            if blob is not None:
+                with self._guard:
+                    self._memory[member] = blob
+                self.prefetched += 1
+
+    def _verify(self, level, redis_key, raw, count_hit=True):
+        """The blob inside ``raw`` (what GETRANGE sent for ``redis_key``) if it authenticates, else ``None``."""
+        if not isinstance(raw, bytes):
+            self._reject(level, redis_key, "the server sent something else than a value")
             return None
         if not raw:  # GETRANGE answers b"" for an absent key
             self._bump(level, "misses")
@@ -414,7 +513,8 @@ class RemoteStore(Store):
             self._reject(level, redis_key, "its authentication code does not match: the fleet key differs "
                                            "from the one that stored it, or the value was tampered with")
             return None
-        self._bump(level, "hits")
+        if count_hit:
+            self._bump(level, "hits")
         return blob.tobytes()
 
     def put(self, name, blob):
@@ -429,7 +529,8 @@ class RemoteStore(Store):
         command = ("SET", redis_key, seal(self._key, redis_key.encode("utf-8"), blob))
         if self.ttl:
             command += ("EX", self.ttl)
-        if self._call(level, lambda client: client.execute(command), write=True) is not _SKIP:
+        commands = [command] + self._touches(name, self._group(name))
+        if self._call(level, lambda client: _main(client.results(*commands)), write=True) is not _SKIP:
             self._bump(level, "puts")
 
     def delete(self, name):
