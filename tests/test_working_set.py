@@ -167,3 +167,17 @@ def test_names_of_no_layout_are_not_kept_even_when_their_values_verify(fleet_key
         store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
         store.get(name_of(1))
         assert sorted(store._memory) == [name_of(5)]
+
+
+def test_fleet_hits_are_copied_locally_off_the_hit_path(make_store, tmp_path):
+    blobs = seed(make_store(), 3)
+    local = DirectoryStore(str(tmp_path / "local"), 1 << 20, 5.0)
+    cache = EntryCache(local, make_store(mode="ro"))
+    for i in range(3):
+        assert cache.read(name_of(i), key_of(i), "ptx") is not None
+    # Asked again before its file is written: served from what waits to be written, not fetched again.
+    assert cache.read(name_of(0), key_of(0), "ptx") is not None
+    assert cache.remote.requests == 1 and cache.counters["remote_hits"] == 3
+    cache.flush()
+    assert all(local.get(name) == blobs[name] for name in blobs)
+    assert cache._later.pending == {}
