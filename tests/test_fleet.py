@@ -336,3 +336,43 @@ def test_a_fleet_entry_whose_header_differs_here_is_a_miss_not_a_stale_hit(fleet
     assert count_calls(calls, "--ptx") == 2 and not any(second["hits"].values())
     # The fleet's entry was fetched and verified as bytes, then refused for the header: compiled here.
     assert second["images"] != first["images"]
+
+
+def test_warm_from_fleet_fills_a_new_machine_that_then_needs_no_server(fleet, valkey):
+    import redis
+    from ptxbackend.cache.remote import seal
+    env, calls, tmp_path = fleet
+    kernels = [kernel(i, "warm-from-fleet") for i in range(5)]
+    first, = machines(fleet, 1, kernels)
+    # A key holder's buggy upload in the working set: sealed, but holding another kernel's entry.
+    namespace = env["PTXBACKEND_REMOTE_NAMESPACE"]
+    client = redis.Redis.from_url(valkey.url)
+    names = sorted(k.decode() for k in client.scan_iter(match=(namespace + ":v4/*.ptx").encode()))
+    fleet_key = open(env["PTXBACKEND_REMOTE_KEY_FILE"], "rb").read()
+    blob = client.get(names[0])[38:]
+    odd = names[0].rsplit("/", 1)[0] + "/" + "ee" * 32 + ".ptx"
+    client.set(odd, seal(fleet_key, odd.encode(), blob))
+    set_key = namespace + ":ws:v4/" + names[0][len(namespace + ":v4/"):].rsplit("/", 2)[0]
+    client.zadd(set_key, {odd[len(namespace + ":v4/"):]: 1})
+    new = str(tmp_path / "new-machine")
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "warm", "--from-fleet"],
+                          env=dict(env, PTXBACKEND_CACHE_DIR=new, PTXBACKEND_TARGET="compute_75",
+                                   PTXBACKEND_DEVICE_CC="9.0"),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote %d files of the fleet's working set" % (len(kernels) + 1) in proc.stdout  # + their dependency set
+    assert "; 1 refused" in proc.stdout
+    assert not any(name.endswith("ee" * 32 + ".ptx") for _d, _s, files in os.walk(new) for name in files)
+    report, = machines(fleet, 1, kernels, cache_dir=new)
+    assert report["images"] == first["images"] and report["counters"]["local_hits"] == len(kernels)
+    assert report["counters"]["round_trips"] == 0 and count_calls(calls, "--ptx") == len(kernels)
+
+
+def test_warm_from_fleet_without_a_fleet_store_is_one_line(fleet):
+    env, _calls, tmp_path = fleet
+    env = dict(env, PTXBACKEND_CACHE_DIR=str(tmp_path / "no-fleet"))
+    del env["PTXBACKEND_REMOTE"]
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "warm", "--from-fleet"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "warm --from-fleet needs a fleet store" in proc.stderr

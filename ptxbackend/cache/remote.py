@@ -420,9 +420,7 @@ class RemoteStore(Store):
             commands.append(("EXPIRE", redis_key, self.ttl))  # a hit keeps the value alive; a miss: no-op
         fetch = self._claim_fetch(group)
         if fetch is not None:
-            commands.append(("ZREVRANGE", fetch, 0, workingset.FETCH_COUNT - 1) if self._cluster else
-                            ("EVAL", workingset.FETCH_SCRIPT, 1, fetch, self._prefix, workingset.FETCH_COUNT,
-                             workingset.FETCH_BYTES, HEADER_SIZE + MAX_VALUE))
+            commands.append(self._fetch_command(fetch))
         commands.extend(self._touches(name, group))
         replies = self._call(level, lambda client: _main(client.results(*commands), string=True))
         if replies is _SKIP:
@@ -465,29 +463,49 @@ class RemoteStore(Store):
             commands.extend(workingset.touch(self._set_prefix + used_group, used_name, now))
         return commands
 
+    def _fetch_command(self, set_key):
+        """The command that fetches a working set (with its values on one server; names on a cluster)."""
+        if self._cluster:
+            return ("ZREVRANGE", set_key, 0, workingset.FETCH_COUNT - 1)
+        return ("EVAL", workingset.FETCH_SCRIPT, 1, set_key, self._prefix, workingset.FETCH_COUNT,
+                workingset.FETCH_BYTES, HEADER_SIZE + MAX_VALUE)
+
     def _take_working_set(self, name, reply):
-        """Verify the working set's values and keep those that pass until a lookup asks for them."""
+        """Keep the working set's values that verify until a lookup asks for them."""
+        for member, blob in self._working_set_values(reply, skip=name):
+            with self._guard:
+                self._memory[member] = blob
+
+    def fetch_working_set(self, group):
+        """``[(name, blob)]``: the working set of ``group`` whose values authenticate (the caller makes
+        the entry checks); ``[]`` when the store is off.  One round trip on one server (``warm --from-fleet``)."""
+        command = self._fetch_command(self._set_prefix + group)
+        reply = self._call("other", lambda client: client.results(command)[0])
+        return [] if reply is _SKIP else self._working_set_values(reply)
+
+    def _working_set_values(self, reply, skip=None):
         if isinstance(reply, resp.ReplyError):  # EVAL refused (an ACL, a script-less server): no prefetch
             log.debug("ptxbackend: the fleet store did not send the working set: %s", reply)
-            return
+            return []
         if self._cluster:
-            names = [member for member in reply if workingset.valid_name(member)] \
-                if isinstance(reply, list) else []
+            names = [member for member in reply if workingset.valid_name(member)
+                     and member.decode("ascii") != skip] if isinstance(reply, list) else []
             # Per key: a cluster keeps them on any slot.
             commands = [("GETRANGE", self._prefix + member.decode("ascii"), 0, HEADER_SIZE + MAX_VALUE)
                         for member in names]
             values = self._call("other", lambda client: client.results(*commands)) if commands else []
             if values is _SKIP:
-                return
+                return []
             reply = [item for pair in zip(names, values) for item in pair]
+        found = []
         for member, raw in workingset.pairs(reply):
-            if member == name or not raw:
+            if not raw or member == skip:  # skip: the lookup that fetched the set read its own value
                 continue
             blob = self._verify(_level(member), self._prefix + member, raw, count_hit=False)
             if blob is not None:
-                with self._guard:
-                    self._memory[member] = blob
+                found.append((member, blob))
                 self.prefetched += 1
+        return found
 
     def _verify(self, level, redis_key, raw, count_hit=True):
         """The blob inside ``raw`` (what GETRANGE sent for ``redis_key``) if it authenticates, else ``None``."""
