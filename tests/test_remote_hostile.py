@@ -305,8 +305,11 @@ def test_the_documented_acl_lets_a_line_pc_read_and_nothing_else(valkey, redis_m
             build_box.put(ENTRY, b"kernel")
         assert build_box.list() == [ENTRY] and build_box.ping() and build_box.state == "ok"
 
+        other = ENTRY.replace("/ab/" + "ab" * 32, "/cd/" + "cd" * 32)
+        build_box.put(other, b"other kernel")  # recorded in the working set (ZADD) by the build box
         line_pc = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="ro", ttl=60)
         assert line_pc.get(ENTRY) == b"kernel" and line_pc.ping() and line_pc.state == "ok"
+        assert line_pc.prefetched == 1 and line_pc.get(other) == b"other kernel"  # the working set, by EVAL
 
         # The same user with a store set to rw by mistake: the server refuses every write and lock.
         misused = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="rw")
