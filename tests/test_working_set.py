@@ -29,8 +29,8 @@ def name_of(i, kind="ptx"):
     return "%s/%s/%s.%s" % (PRODUCER_TARGET, key[:2], key, kind)
 
 
-def set_key(namespace):
-    return "%s:ws:v4/%s" % (namespace, PRODUCER_TARGET)
+def set_key(space):
+    return "%s:ws:v4/%s" % (space, PRODUCER_TARGET)
 
 
 def seed(store, count):

@@ -35,6 +35,11 @@ speed, because a fleet cache is a remote, shared, writable place:
 * **Lazy.**  Opening the store reads its key file but does not connect: a
   program whose kernels all hit locally never talks to the server.
 
+* **One round trip for a new machine.**  A process's first lookup in a group
+  (compiler/target[/GPU]) brings the fleet's working set of that group in the
+  same pipeline (:mod:`.workingset`); each value authenticates before it is
+  kept in memory, and a later lookup takes it from there.
+
 Keys on the server are ``<namespace>:v<schema>/<name>`` for values and
 ``<namespace>:lock:v<schema>/<name>`` for the fleet-wide compile locks, so one server
 can hold several fleets and schema versions side by side.  Eviction is the
