@@ -31,15 +31,25 @@ class ClusterClient(object):
         return [self._client.execute_command(*command) for command in commands]
 
     def results(self, *commands):
-        """As :meth:`execute`, error replies in place (see :meth:`.resp.Client.results`).  One command
-        at a time: the keys of one pipeline may live on several slots."""
+        """As :meth:`execute`, error replies in place (see :meth:`.resp.Client.results`).  Several
+        commands go as redis-py's cluster pipeline: one request per node whose slots they touch."""
         from redis.exceptions import ResponseError
-        replies = []
-        for command in commands:
+        if len(commands) == 1:
             try:
-                replies.append(self._client.execute_command(*command))
+                return [self._client.execute_command(*commands[0])]
             except ResponseError as exc:
-                replies.append(ReplyError(str(exc)))
+                return [ReplyError(str(exc))]
+        pipe = self._client.pipeline()
+        for command in commands:
+            pipe.execute_command(*command)
+        replies = []
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, ResponseError):
+                replies.append(ReplyError(str(reply)))
+            elif isinstance(reply, Exception):  # a node that did not answer: a fault like a timeout
+                raise Fault("%s: %s" % (type(reply).__name__, reply))
+            else:
+                replies.append(reply)
         return replies
 
     def scan(self, pattern):
