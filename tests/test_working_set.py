@@ -77,6 +77,13 @@ def test_uses_served_from_memory_are_recorded_with_the_next_request(make_store, 
     assert reader.requests == 1
     reader.get(name_of(7))  # a miss: its request carries the earlier use
     assert reader.requests == 2 and raw.zscore(set_key(namespace), name_of(2)) > old
+    old = raw.zscore(set_key(namespace), name_of(1))
+    time.sleep(0.01)
+    reader.get(name_of(1))
+    reader.record_uses()  # what the process's exit does with uses no request carried
+    assert reader.requests == 3 and raw.zscore(set_key(namespace), name_of(1)) > old
+    reader.record_uses()
+    assert reader.requests == 3  # nothing left to record: no request
 
 
 def test_a_forged_set_only_fetches_values_that_must_verify(make_store, raw, namespace, fleet_key, logged):

@@ -46,6 +46,7 @@ can hold several fleets and schema versions side by side.  Eviction is the
 server's: run it with ``maxmemory`` and ``maxmemory-policy allkeys-lru``.
 """
 
+import atexit
 import contextlib
 import errno
 import hashlib
@@ -258,6 +259,7 @@ class RemoteStore(Store):
         self._fetched = set()  # groups whose working set this process asked for
         self._recent_group = None  # the group a dependency set's use is recorded in
         self._used = []  # (group, name) served from memory, recorded with the next request
+        self._exit_registered = False
         #: Values the working set brought in and that verified.
         self.prefetched = 0
         self._client = None
@@ -280,7 +282,7 @@ class RemoteStore(Store):
         self.requests += 1  # a cluster client asks for the slot map as it is built
         return ClusterClient(self._url, self._endpoint, self.timeout)
 
-    def _fail(self, exc, level, final=False):
+    def _fail(self, exc, level, final=False, quiet=False):
         with self._guard:
             self._count(level, "errors")
             self._failed_at = time.monotonic()
@@ -289,8 +291,8 @@ class RemoteStore(Store):
             first = self._failed is None
             if first:
                 self._failed = _explain(exc)
-        if not first:
-            log.debug("ptxbackend: the fleet store at %s is still unusable (%s)", self.url, _explain(exc))
+        if not first or quiet:
+            log.debug("ptxbackend: the fleet store at %s is unusable (%s)", self.url, _explain(exc))
         elif self.retry is None or self._final:
             log.warning("ptxbackend: the fleet store at %s failed (%s); this program continues with its "
                         "local cache only and does not use the fleet store again until it restarts",
@@ -329,7 +331,7 @@ class RemoteStore(Store):
         if was is not None:
             log.warning("ptxbackend: the fleet store at %s answers again; this program uses it again", self.url)
 
-    def _call(self, level, operation, write=False):
+    def _call(self, level, operation, write=False, quiet=False):
         """``operation(client)``'s result, or ``_SKIP`` when the store is off or the call failed."""
         if not self._admit():
             return _SKIP
@@ -353,7 +355,7 @@ class RemoteStore(Store):
                     self._recovered()  # it answered: reachable again, only this write was refused
                 log.debug("ptxbackend: the fleet store refused a write (%s)", _explain(exc))
                 return _SKIP
-            self._fail(exc, level)
+            self._fail(exc, level, quiet=quiet)
             return _SKIP
         self._connected = True
         if self._failed is not None:
@@ -415,6 +417,9 @@ class RemoteStore(Store):
                 if held is not None:
                     self._count(level, "hits")
                     if self.writable and group is not None and len(self._used) < workingset.FETCH_COUNT:
+                        if not self._used and not self._exit_registered:
+                            self._exit_registered = True
+                            atexit.register(self.record_uses)
                         self._used.append((group, name))
             if held is not None:
                 return held
@@ -435,6 +440,16 @@ class RemoteStore(Store):
         if fetch is not None:
             self._take_working_set(name, replies[2 if self.ttl else 1])
         return self._verify(level, redis_key, replies[0])
+
+    def record_uses(self):
+        """Record the uses served from memory that no request carried yet (at exit: a program whose
+        every kernel came from the working set still refreshes their place in it)."""
+        if not self._used or self._off():
+            return
+        commands = self._touches(None, None)
+        if commands:
+            # At exit: a server gone by then is not worth a warning the program's user would see last.
+            self._call("other", lambda client: client.results(*commands), write=True, quiet=True)
 
     def _group(self, name):
         group = workingset.group_of(name)
