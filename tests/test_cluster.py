@@ -55,17 +55,22 @@ def names(count):
     return found
 
 
-def test_values_and_the_working_set_spread_over_three_masters(cluster, redis_module, namespace, fleet_key):
-    url = cluster[0].url + "?cluster=yes"
-    writer = RemoteStore(url, fleet_key, namespace=namespace, timeout=5.0)
+def seeded(cluster, namespace, fleet_key, timeout):
+    """A writer on the cluster, and the 30 names it stored (``kernel <i>`` each)."""
+    writer = RemoteStore(cluster[0].url + "?cluster=yes", fleet_key, namespace=namespace, timeout=timeout)
     kernels = names(30)
     for i, name in enumerate(kernels):
         writer.put(name, b"kernel %d" % i)
+    return writer, kernels
+
+
+def test_values_and_the_working_set_spread_over_three_masters(cluster, redis_module, namespace, fleet_key):
+    writer, kernels = seeded(cluster, namespace, fleet_key, 5.0)
     assert writer.state == "ok"
     held = [redis_module.Redis.from_url(node.url).dbsize() for node in cluster]
     assert all(count > 0 for count in held), held  # the keys live on every master
 
-    reader = RemoteStore(url, fleet_key, namespace=namespace, timeout=5.0, mode="ro")
+    reader = RemoteStore(cluster[0].url + "?cluster=yes", fleet_key, namespace=namespace, timeout=5.0, mode="ro")
     assert reader.get(kernels[0]) == b"kernel 0"
     assert reader.prefetched == len(kernels) - 1
     requests = reader.requests
@@ -74,11 +79,7 @@ def test_values_and_the_working_set_spread_over_three_masters(cluster, redis_mod
 
 
 def test_a_node_killed_mid_run_fails_the_store_open(cluster, namespace, fleet_key, logged):
-    url = cluster[0].url + "?cluster=yes"
-    writer = RemoteStore(url, fleet_key, namespace=namespace, timeout=1.0)
-    kernels = names(30)
-    for i, name in enumerate(kernels):
-        writer.put(name, b"kernel %d" % i)
+    writer, kernels = seeded(cluster, namespace, fleet_key, 1.0)
     cluster[2].kill()
     answered = [writer.get(name) for name in kernels]  # no raise, whatever the slot
     assert writer.state.startswith("failed: ")
