@@ -15,6 +15,13 @@ from .errors import (CacheError, CompileError, CompilerNotFoundError, ConfigErro
 from .engine import Artifact, compile, load
 
 
+def cache_counters():
+    """This process's cache counters per tier: local hits, remote hits, prefetched, misses, rejected,
+    failures, round trips and seconds spent on the fleet store (a dict; docs/fleet.md)."""
+    from .counters import cache_counters as counters
+    return counters()
+
+
 def install():
     """Route CuPy's kernel compiles through ptxbackend in this process.
 
@@ -44,6 +51,7 @@ def installed():
 
 __all__ = [
     "__version__", "Artifact", "compile", "load", "install", "uninstall", "installed",
+    "cache_counters",
     "PtxBackendError", "CompileError", "CompilerNotFoundError", "ConfigError", "TargetError", "CacheError",
     "DriverError",
 ]

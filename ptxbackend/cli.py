@@ -219,12 +219,14 @@ def _print_remote(settings):
     reachable = cache.remote.ping() if hasattr(cache.remote, "ping") else None
     print("remote:    %s (%s): %s" % (cache.remote.description, settings.remote_mode,
                                        "reachable" if reachable else cache.remote.stats().get("state")))
+    from .counters import cache_counters, describe
+    print("counters:  %s (this process)" % describe(cache_counters()))
 
 
 def _cmd_warm(args):
-    if not args.manifest and not args.libs:
-        print("ptxbackend: error: warm needs a MANIFEST (recorded with PTXBACKEND_RECORD=FILE) and/or "
-              "--libs", file=sys.stderr)
+    if not args.manifest and not args.libs and not args.from_fleet:
+        print("ptxbackend: error: warm needs a MANIFEST (recorded with PTXBACKEND_RECORD=FILE), --libs "
+              "and/or --from-fleet", file=sys.stderr)
         return 2
     from .config import load_settings
     from .engine import open_store
@@ -238,6 +240,13 @@ def _cmd_warm(args):
         from . import userfiles
         userfiles.check_output(args.driver_jit_bundle, "--driver-jit-bundle", cache_root=store.root)
     status = 0
+    if args.from_fleet:
+        from . import fleetwarm
+        settings = load_settings(device_cc=args.device_cc)
+        _fleet_store(settings, "warm --from-fleet")
+        written, refused, groups = fleetwarm.pull(settings)
+        print("wrote %d files of the fleet's working set (%s) into %s%s" % (
+            written, ", ".join(groups), store.root, "; %d refused" % refused if refused else ""))
     if args.manifest:
         from .warm import replay
         _compiled, _hits, failures = replay(args.manifest, device_cc=args.device_cc)
@@ -345,6 +354,9 @@ def build_parser():
     warm.add_argument("manifest", nargs="?", help="kernel manifest written with PTXBACKEND_RECORD=FILE")
     warm.add_argument("--libs", help="comma list of libraries to pre-JIT: cudnn, cublas, curand or paths")
     warm.add_argument("--device-cc", help="compile for another GPU (no JIT step), e.g. 7.5")
+    warm.add_argument("--from-fleet", action="store_true",
+                      help="fill the local cache with the fleet store's working set for this machine's "
+                           "compiler, target and GPU (one round trip)")
     warm.add_argument("--driver-jit-bundle", metavar="FILE",
                       help="with --libs: warm into a fresh driver JIT cache and pack it into FILE, for "
                            "`ptxbackend cache import FILE` on machines with the same driver and GPU")

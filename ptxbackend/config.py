@@ -102,6 +102,7 @@ KNOBS = {
     "remote_password_file": ("PTXBACKEND_REMOTE_PASSWORD_FILE", None, _text),
     "remote_ttl": ("PTXBACKEND_REMOTE_TTL", 0.0, parse_seconds),
     "remote_budget": ("PTXBACKEND_REMOTE_BUDGET", 10.0, parse_seconds),
+    "remote_retry": ("PTXBACKEND_REMOTE_RETRY", 30.0, parse_seconds),
     # How a hit knows the toolkit is the one that made the entry (docs/configuration.md).
     "compiler_check": ("PTXBACKEND_COMPILER_CHECK", "stat", parse_compiler_check),
     "deps_recheck": ("PTXBACKEND_DEPS_RECHECK", 0.0, parse_seconds),

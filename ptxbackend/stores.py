@@ -26,7 +26,8 @@ def open_cache(settings):
     ``settings.cache_dir`` and, when configured and usable, the fleet store."""
     root = os.path.expanduser(settings.cache_dir)
     marker = (root, settings.remote, settings.remote_mode, settings.remote_namespace, settings.remote_key_file,
-              settings.remote_password_file, settings.remote_timeout, settings.remote_ttl, settings.remote_budget)
+              settings.remote_password_file, settings.remote_timeout, settings.remote_ttl, settings.remote_budget,
+              settings.remote_retry)
     cache = state.given.get(root) or state.caches.get(marker)
     if cache is None:
         local = open_store(settings)

@@ -41,7 +41,8 @@ for i in order:
     images[i] = __import__("hashlib").sha256(art.image).hexdigest()
     hits[i] = art.cache_hit
 cache = engine.open_cache(load_settings(device_cc="9.0"))
-print(json.dumps({"images": images, "hits": hits, "stats": cache.stats(), "warnings": warnings}))
+print(json.dumps({"images": images, "hits": hits, "stats": cache.stats(), "warnings": warnings,
+                  "counters": ptxbackend.cache_counters()}))
 '''
 
 
@@ -103,6 +104,12 @@ def test_second_machine_compiles_nothing_and_keeps_what_it_fetched(fleet):
     assert second["images"] == first["images"]
     assert all(second["hits"].values()) and second["stats"]["remote_hits"] == len(kernels)
     assert second["warnings"] == []
+    counters = second["counters"]  # the public per-tier counters say the same
+    assert counters["remote_hits"] == len(kernels) and counters["local_hits"] == 0
+    assert counters["failures"] == counters["rejected"] == 0 and counters["round_trips"] >= 1
+    assert counters["remote_seconds"] > 0
+    # The first lookup brought the others (and the dependency set) with it: one round trip in all.
+    assert counters["round_trips"] == 1 and counters["prefetched"] >= len(kernels) - 1
     # What the second machine fetched is in its own cache now: a later start there is local.
     report, = machines(fleet, 1, kernels, cache_dir=second["cache_dir"])
     assert report["stats"]["local_hits"] == len(kernels) and report["stats"]["remote_hits"] == 0
@@ -136,6 +143,7 @@ def test_a_tampered_value_is_never_loaded_and_the_kernel_is_compiled_here(fleet,
     assert count_calls(calls, "--ptx") == 2 and not any(second["hits"].values())
     # Refused at each look (before and after the lock), reported once, never loaded.
     assert second["stats"]["remote"]["entry"]["rejected"] >= 1 and second["stats"]["remote_hits"] == 0
+    assert second["counters"]["rejected"] >= 1 and second["counters"]["remote_hits"] == 0
     assert len([w for w in second["warnings"] if "fleet store value" in w]) == 1, second["warnings"]
     # The second machine's upload replaced the bad value: a third machine is served again.
     third, = machines(fleet, 1, kernels)
@@ -162,6 +170,7 @@ def test_a_dead_remote_costs_one_failure_per_process_and_nothing_else(fleet, ser
     assert report["images"] and len([w for w in report["warnings"] if "fleet store" in w or "remote" in w]) == 1
     assert remote["state"].startswith("failed")
     assert sum(remote[level]["errors"] for level in ("entry", "jit", "other")) == 1  # the first call only
+    assert report["counters"]["failures"] == 1 and report["counters"]["remote_hits"] == 0
 
 
 def test_a_paused_server_trips_the_breaker_once(fleet, server_binary, tmp_path):
@@ -200,6 +209,12 @@ def test_cache_push_seeds_the_fleet_from_a_build_box(fleet):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("pushed ")
+    info = subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "info"],
+                          env=dict(env, PTXBACKEND_CACHE_DIR=str(tmp_path / "build-box")),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert info.returncode == 0 and "reachable" in info.stdout, info.stderr
+    assert "counters:  local hits 0, remote hits 0, prefetched 0" in info.stdout
+    assert "failures 0, round trips 1, remote seconds " in info.stdout  # its PING
     report, = machines(fleet, 1, kernels)
     assert all(report["hits"].values()) and count_calls(calls, "--ptx") == len(kernels)  # the box's only
 
@@ -321,3 +336,43 @@ def test_a_fleet_entry_whose_header_differs_here_is_a_miss_not_a_stale_hit(fleet
     assert count_calls(calls, "--ptx") == 2 and not any(second["hits"].values())
     # The fleet's entry was fetched and verified as bytes, then refused for the header: compiled here.
     assert second["images"] != first["images"]
+
+
+def test_warm_from_fleet_fills_a_new_machine_that_then_needs_no_server(fleet, valkey):
+    import redis
+    from ptxbackend.cache.remote import seal
+    env, calls, tmp_path = fleet
+    kernels = [kernel(i, "warm-from-fleet") for i in range(5)]
+    first, = machines(fleet, 1, kernels)
+    # A key holder's buggy upload in the working set: sealed, but holding another kernel's entry.
+    namespace = env["PTXBACKEND_REMOTE_NAMESPACE"]
+    client = redis.Redis.from_url(valkey.url)
+    names = sorted(k.decode() for k in client.scan_iter(match=(namespace + ":v4/*.ptx").encode()))
+    fleet_key = open(env["PTXBACKEND_REMOTE_KEY_FILE"], "rb").read()
+    blob = client.get(names[0])[38:]
+    odd = names[0].rsplit("/", 1)[0] + "/" + "ee" * 32 + ".ptx"
+    client.set(odd, seal(fleet_key, odd.encode(), blob))
+    set_key = namespace + ":ws:v4/" + names[0][len(namespace + ":v4/"):].rsplit("/", 2)[0]
+    client.zadd(set_key, {odd[len(namespace + ":v4/"):]: 1})
+    new = str(tmp_path / "new-machine")
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "warm", "--from-fleet"],
+                          env=dict(env, PTXBACKEND_CACHE_DIR=new, PTXBACKEND_TARGET="compute_75",
+                                   PTXBACKEND_DEVICE_CC="9.0"),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote %d files of the fleet's working set" % (len(kernels) + 1) in proc.stdout  # + their dependency set
+    assert "; 1 refused" in proc.stdout
+    assert not any(name.endswith("ee" * 32 + ".ptx") for _d, _s, files in os.walk(new) for name in files)
+    report, = machines(fleet, 1, kernels, cache_dir=new)
+    assert report["images"] == first["images"] and report["counters"]["local_hits"] == len(kernels)
+    assert report["counters"]["round_trips"] == 0 and count_calls(calls, "--ptx") == len(kernels)
+
+
+def test_warm_from_fleet_without_a_fleet_store_is_one_line(fleet):
+    env, _calls, tmp_path = fleet
+    env = dict(env, PTXBACKEND_CACHE_DIR=str(tmp_path / "no-fleet"))
+    del env["PTXBACKEND_REMOTE"]
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "warm", "--from-fleet"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "warm --from-fleet needs a fleet store" in proc.stderr

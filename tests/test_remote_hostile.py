@@ -164,7 +164,9 @@ def test_integer_replies_take_no_lock_and_are_no_pong(fleet_key, logged):
 
 def test_a_server_just_under_the_timeout_trips_the_budget(fleet_key, logged):
     with FakeServer(lambda command: b"$0\r\n\r\n", delay=0.15) as server:
-        store = RemoteStore(server.url, fleet_key, timeout=0.5, budget=1.0)
+        # Read-only: this fake delays each command, and a writer's first lookup pipelines the
+        # working set's upkeep with it (four commands: over the timeout here, not just under it).
+        store = RemoteStore(server.url, fleet_key, timeout=0.5, budget=1.0, mode="ro")
         for _ in range(30):
             store.get(ENTRY)
         assert "budget of 1.0 s" in store.state and "PTXBACKEND_REMOTE_BUDGET" in store.state
@@ -303,8 +305,11 @@ def test_the_documented_acl_lets_a_line_pc_read_and_nothing_else(valkey, redis_m
             build_box.put(ENTRY, b"kernel")
         assert build_box.list() == [ENTRY] and build_box.ping() and build_box.state == "ok"
 
+        other = ENTRY.replace("/ab/" + "ab" * 32, "/cd/" + "cd" * 32)
+        build_box.put(other, b"other kernel")  # recorded in the working set (ZADD) by the build box
         line_pc = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="ro", ttl=60)
         assert line_pc.get(ENTRY) == b"kernel" and line_pc.ping() and line_pc.state == "ok"
+        assert line_pc.prefetched == 1 and line_pc.get(other) == b"other kernel"  # the working set, by EVAL
 
         # The same user with a store set to rw by mistake: the server refuses every write and lock.
         misused = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="rw")

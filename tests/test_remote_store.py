@@ -13,13 +13,17 @@ import select
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 
 import pytest
 
 import valkey_server
 from conftest import REPO, Captured, _missing
-from ptxbackend.cache import remote
+from ptxbackend.cache import DirectoryStore, remote
+from ptxbackend.cache import entry as entry_format
+from ptxbackend.cache.entries import EntryCache
 from ptxbackend.cache.remote import HEADER_SIZE, MAGIC, RemoteStore, open_remote
 
 KEY_HEX = "ab" * 32
@@ -386,6 +390,112 @@ def test_a_silent_server_is_connected_to_once(namespace, fleet_key, logged):
         listener.close()
 
 
+# -- the half-open breaker: a restarted server is used again without restarting the program ----------
+
+RETRY = 0.5
+
+
+def _until(condition, limit):
+    """Polls ``condition`` (each poll is a store call that must return at once) for ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_restarted_server_is_used_again_within_the_retry_interval(own_valkey, namespace, fleet_key, logged,
+                                                                     tmp_path):
+    server = own_valkey()
+    store = RemoteStore(server.url, fleet_key, namespace=namespace, timeout=5.0, retry=RETRY)
+    store.put(ENTRY, b"kernel")
+    server.kill()
+    assert store.get(ENTRY) is None
+    assert store.state.startswith("failed: ")
+    # Open: a local cache's hits never wait on it, and nothing reaches the network.
+    local = DirectoryStore(str(tmp_path / "local"), 1 << 20, 5.0)
+    cache = EntryCache(local, store)
+    blob = entry_format.encode(b"payload", {"key": KEY_HEX, "kind": "ptx"})
+    local.put(ENTRY, blob)
+    requests = store.requests
+    for _ in range(20):
+        assert cache.read(ENTRY, KEY_HEX, "ptx") is not None
+        assert store.get(JIT) is None
+    assert store.requests == requests and cache.counters["local_hits"] == 20
+    assert len(logged.warnings()) == 1 and "at most every 0.5 s" in logged.warnings()[0]
+
+    server.restart()  # empty, on the same port
+    RemoteStore(server.url, fleet_key, namespace=namespace, timeout=5.0).put(ENTRY, b"kernel again")
+    started = time.monotonic()
+    assert _until(lambda: store.get(ENTRY) == b"kernel again", 10 * RETRY)
+    assert store.state == "ok"
+    # One probe per interval at most, however often it was asked meanwhile.
+    probes = store.requests - requests  # the last of them is the get that found it
+    assert 1 <= probes <= (time.monotonic() - started) / RETRY + 2
+    assert "answers again" in logged.warnings()[-1]
+    store.put(JIT, b"jit")
+    assert store.get(JIT) == b"jit"
+
+
+def test_a_failed_probe_keeps_the_breaker_open_quietly(own_valkey, namespace, fleet_key, logged):
+    server = own_valkey()
+    store = RemoteStore(server.url, fleet_key, namespace=namespace, timeout=5.0, retry=RETRY)
+    server.kill()
+    assert store.get(ENTRY) is None
+    requests = store.requests
+    assert _until(lambda: store.get(ENTRY) is None and store.requests == requests + 1, 10 * RETRY)
+    assert store.get(ENTRY) is None and store.requests == requests + 1  # the next probe waits again
+    assert total(store, "errors") == 2
+    assert len(logged.warnings()) == 1  # one warning per outage, not per probe
+    assert store.state.startswith("failed: ")
+
+
+def test_concurrent_callers_send_one_probe(own_valkey, namespace, fleet_key, logged):
+    """A paused server: the probe waits out its timeout while the other threads must not follow it."""
+    server = own_valkey()
+    store = RemoteStore(server.url, fleet_key, namespace=namespace, timeout=0.5, retry=RETRY)
+    store.put(ENTRY, b"kernel")
+    server.signal(signal.SIGSTOP)
+    try:
+        assert store.get(ENTRY) is None
+        requests = store.requests
+        time.sleep(RETRY * 1.2)
+        barrier = threading.Barrier(8)
+
+        def ask():
+            barrier.wait()
+            store.get(ENTRY)
+        threads = [threading.Thread(target=ask) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert store.requests == requests + 1
+    finally:
+        server.signal(signal.SIGCONT)
+
+
+def test_retry_zero_gives_up_for_the_process(own_valkey, namespace, fleet_key, logged):
+    server = own_valkey()
+    store = RemoteStore(server.url, fleet_key, namespace=namespace, timeout=5.0, retry=0)
+    server.kill()
+    assert store.get(ENTRY) is None
+    server.restart()
+    time.sleep(0.2)
+    _assert_off(store, logged, 1)
+    assert "until it restarts" in logged.warnings()[0]
+
+
+def test_a_store_over_its_budget_is_never_probed(own_valkey, namespace, fleet_key, logged):
+    server = own_valkey()
+    store = RemoteStore(server.url, fleet_key, namespace=namespace, timeout=5.0, retry=0.05, budget=1e-9)
+    store.put(ENTRY, b"kernel")  # answered, but over the budget: off
+    assert "budget" in store.state
+    time.sleep(0.2)
+    _assert_off(store, logged, 1)
+
+
 def test_wrong_password_fails_with_a_clear_reason(valkey, namespace, fleet_key, logged):
     store = RemoteStore(valkey.url_with("not-the-password"), fleet_key, namespace=namespace, timeout=5.0)
     assert store.get(ENTRY) is None
@@ -562,6 +672,13 @@ def test_single_node_cluster(own_valkey, redis_module, namespace, fleet_key, tmp
     with store.lock(ENTRY, 1) as held:
         assert held
     assert store.state == "ok"
+    # The working set: its names from the set's slot, then each value from its own slot.
+    other = ENTRY.replace(KEY_HEX, "cd" * 32).replace("/ab/", "/cd/")
+    store.put(other, b"other kernel")
+    reader = RemoteStore(server.url + "?cluster=yes", fleet_key, namespace=namespace, timeout=5.0, mode="ro")
+    assert reader.get(ENTRY) == b"kernel" and reader.prefetched == 1
+    requests = reader.requests
+    assert reader.get(other) == b"other kernel" and reader.requests == requests
 
 
 # -- open_remote --------------------------------------------------------------------------------------

@@ -74,12 +74,13 @@ class Server(object):
     def url_with(self, password):
         return "redis://:%s@127.0.0.1:%d/0" % (password, self.port)
 
-    def start(self, attempts=5):
+    def start(self, attempts=5, port=None):
+        """Start on a free port, or on ``port`` (a restart: clients must find it where it was)."""
         if not os.path.isdir(self.workdir):
             os.makedirs(self.workdir)
         last = ""
         for _ in range(attempts):  # a free port can be taken between our probe and the server's bind
-            self.port = _free_port()
+            self.port = port or _free_port()
             args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                     "--appendonly", "no", "--dir", self.workdir, "--daemonize", "no",
                     "--maxmemory-policy", "allkeys-lru", "--logfile", self.log_path]
@@ -93,6 +94,10 @@ class Server(object):
             last = self.read_log()
             self.stop()
         raise RuntimeError("valkey-server %s did not start: %s" % (self.binary, last[-2000:]))
+
+    def restart(self):
+        """Start a fresh (empty) server on the port this one had, after :meth:`kill` or :meth:`stop`."""
+        return self.start(port=self.port)
 
     def _wait_ready(self, limit):
         deadline = time.monotonic() + limit

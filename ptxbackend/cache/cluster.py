@@ -8,7 +8,7 @@ cluster client the interface of :class:`.resp.Client` (``execute``, ``scan``, ``
 
 import inspect
 
-from .resp import Fault
+from .resp import Fault, ReplyError
 
 
 class ClusterClient(object):
@@ -29,6 +29,28 @@ class ClusterClient(object):
     def execute(self, *commands):
         # redis-py's reply callbacks turn OK and PONG into True: the store accepts both spellings.
         return [self._client.execute_command(*command) for command in commands]
+
+    def results(self, *commands):
+        """As :meth:`execute`, error replies in place (see :meth:`.resp.Client.results`).  Several
+        commands go as redis-py's cluster pipeline: one request per node whose slots they touch."""
+        from redis.exceptions import ResponseError
+        if len(commands) == 1:
+            try:
+                return [self._client.execute_command(*commands[0])]
+            except ResponseError as exc:
+                return [ReplyError(str(exc))]
+        pipe = self._client.pipeline()
+        for command in commands:
+            pipe.execute_command(*command)
+        replies = []
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, ResponseError):
+                replies.append(ReplyError(str(reply)))
+            elif isinstance(reply, Exception):  # a node that did not answer: a fault like a timeout
+                raise Fault("%s: %s" % (type(reply).__name__, reply))
+            else:
+                replies.append(reply)
+        return replies
 
     def scan(self, pattern):
         keys = list(self._client.scan_iter(match=pattern, count=1000))

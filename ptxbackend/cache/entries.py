@@ -16,6 +16,7 @@ import logging
 from . import entry as entry_format
 from . import layout
 from . import provenance
+from .later import LaterWriter
 from .base import UnusableValue
 
 log = logging.getLogger("ptxbackend.cache")
@@ -32,10 +33,12 @@ class EntryCache(object):
         self.remote = remote
         self.root = getattr(local, "root", None)
         self.meta_dir = getattr(local, "meta_dir", None)
-        self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0, "uploads": 0, "discarded": 0}
+        self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0, "uploads": 0, "discarded": 0,
+                         "remote_discarded": 0}
         self._unwritable_reported = False
         self._remote_discard_reported = False
         self.push_withheld = 0  # entries the last push() kept here (arrived unsigned: provenance.py)
+        self._later = None  # copies of fleet hits, written off the hit path
 
     def path_of(self, name):
         return self.local.path_of(name)
@@ -49,6 +52,10 @@ class EntryCache(object):
         its place); ``with_deps`` adds the dependency section.
         """
         found = self._decoded(self.local, name, key, kind, with_metadata)
+        if found is None and self._later is not None:
+            waiting = self._later.pending.get(name)  # fetched earlier, its file not written yet
+            if waiting is not None:
+                found = self._decoded(self.local, name, key, kind, with_metadata, waiting)
         if found is not None:
             self.counters["local_hits"] += 1
         elif self.remote is not None:
@@ -84,8 +91,15 @@ class EntryCache(object):
         if found is None:
             return None
         self.counters["remote_hits"] += 1
-        self._keep_locally(name, blob)
+        if self._later is None:
+            self._later = LaterWriter(self._keep_locally)
+        self._later.add(name, blob)
         return found
+
+    def flush(self):
+        """Wait until the local copies of fleet hits are written (``warm --from-fleet``, tests)."""
+        if self._later is not None:
+            self._later.flush()
 
     def _keep_locally(self, name, blob):
         try:
@@ -115,6 +129,7 @@ class EntryCache(object):
         if store is self.local:
             log.warning("ptxbackend: discarding cache entry %s: %s; it will be rebuilt", store.path_of(name), why)
         else:
+            self.counters["remote_discarded"] += 1
             # A fleet store can hold many bad values (an old or broken uploader): say so once.
             report = log.debug if self._remote_discard_reported else log.warning
             self._remote_discard_reported = True

@@ -13,14 +13,17 @@ speed, because a fleet cache is a remote, shared, writable place:
   value copied under another name or into another namespace fails its check.
   A value that fails is a miss (counted as ``rejected``), never returned.
 
-* **Fail-open, bounded.**  The first connection error, timeout or refusal
-  (wrong password ...) turns the store off for the rest of the process, as
-  ccache's remote storage does: one warning, then every call returns at once
-  without touching the network, and the program goes on with its local cache.
-  A dead server costs at most one timeout per process (``remote_timeout``,
-  0.25 s by default, one deadline for a whole operation, connecting
-  included; no retries), and a slow one at most ``remote_budget`` seconds
-  of requests per process.  Every reply is bounded before it is read
+* **Fail-open, bounded, half-open.**  A connection error, timeout or refusal
+  (wrong password ...) opens the breaker: one warning, then every call returns
+  at once without touching the network, and the program goes on with its local
+  cache.  Unlike ccache's remote storage (or PyTorch's Redis cache) the store is
+  not given up for the process's life: one call at most every ``remote_retry``
+  seconds (30 s by default) is let through as a probe, so a restarted server is
+  used again without restarting the program.  A dead server costs at most one
+  timeout per probe (``remote_timeout``, 0.25 s by default, one deadline for a
+  whole operation, connecting included; no retries), and every request, probes
+  included, counts against ``remote_budget`` seconds per process: a store
+  turned off by its budget stays off.  Every reply is bounded before it is read
   (:mod:`.resp`); a reply of the wrong type is a fault like a timeout.
   Nothing here raises from ``get``/``put``/``delete``/``lock``.
 
@@ -32,12 +35,18 @@ speed, because a fleet cache is a remote, shared, writable place:
 * **Lazy.**  Opening the store reads its key file but does not connect: a
   program whose kernels all hit locally never talks to the server.
 
+* **One round trip for a new machine.**  A process's first lookup in a group
+  (compiler/target[/GPU]) brings the fleet's working set of that group in the
+  same pipeline (:mod:`.workingset`); each value authenticates before it is
+  kept in memory, and a later lookup takes it from there.
+
 Keys on the server are ``<namespace>:v<schema>/<name>`` for values and
 ``<namespace>:lock:v<schema>/<name>`` for the fleet-wide compile locks, so one server
 can hold several fleets and schema versions side by side.  Eviction is the
 server's: run it with ``maxmemory`` and ``maxmemory-policy allkeys-lru``.
 """
 
+import atexit
 import contextlib
 import errno
 import hashlib
@@ -54,7 +63,7 @@ import time
 
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from . import resp
+from . import resp, workingset
 from .base import Store
 from .store import KIND_SUFFIXES, LAYOUT
 
@@ -92,6 +101,8 @@ _LOCK_VALUE = re.compile(br"^([0-9a-f]{32})\.([0-9]{1,15})\.([0-9a-f]{64})$")
 #: How far another machine's clock may be ahead of ours when it stamps a lock (seconds).
 _CLOCK_SKEW = 30.0
 _SKIP = object()  # "no answer": the store is off, or the call just failed
+#: Seconds between probes of a failed store (PTXBACKEND_REMOTE_RETRY); 0: never again in this process.
+DEFAULT_RETRY = 30.0
 
 # Warnings given at most once per process (a bad fleet key rejects every value).
 _warned = set()
@@ -186,6 +197,17 @@ def _string(reply):
     return reply
 
 
+def _main(replies, string=False):
+    """``replies`` whose first (the request itself) must have succeeded (and be a ``string``, when
+    asked); the others are the working set's upkeep, which may fail alone (a full server refusing
+    ZADD) without failing the request."""
+    if isinstance(replies[0], resp.ReplyError):
+        raise replies[0]
+    if string:
+        _string(replies[0])
+    return replies
+
+
 def _lock_mac(key, lock_key, token, taken):
     mac = hmac.new(key, _LOCK_CONTEXT, hashlib.sha256)
     mac.update(lock_key)
@@ -199,7 +221,7 @@ class RemoteStore(Store):
     writable = True
 
     def __init__(self, url, key, mode="rw", timeout=0.25, namespace="ptxbackend", password=None,
-                 ttl=0, lock_expiry=120.0, budget=DEFAULT_BUDGET):
+                 ttl=0, lock_expiry=120.0, budget=DEFAULT_BUDGET, retry=DEFAULT_RETRY):
         scheme = urlsplit(url).scheme.lower()
         if scheme not in SCHEMES:
             raise ValueError("the fleet store URL %s has scheme %r: use redis://, rediss:// (TLS) or unix://"
@@ -222,6 +244,8 @@ class RemoteStore(Store):
         #: Seconds of requests this process may spend on the server; past them the store turns off.
         self.budget = float(budget) if budget else None
         self.spent = 0.0
+        #: Seconds between probes once the breaker is open (None: it stays open).
+        self.retry = float(retry) if retry and float(retry) > 0 else None
         self.namespace = namespace
         self.ttl = int(-(-float(ttl or 0) // 1))  # whole seconds, rounded up: EX takes an integer
         self.lock_expiry = float(lock_expiry)
@@ -229,8 +253,19 @@ class RemoteStore(Store):
         self.description = "fleet store %s (namespace %s, mode %s)" % (self.url, namespace, mode)
         self._prefix = "%s:%s/" % (namespace, LAYOUT)
         self._lock_prefix = "%s:lock:%s/" % (namespace, LAYOUT)
+        self._set_prefix = "%s:ws:%s/" % (namespace, LAYOUT)
+        #: The working set's values taken and verified, until a lookup asks for them (name -> blob).
+        self._memory = {}
+        self._fetched = set()  # groups whose working set this process asked for
+        self._recent_group = None  # the group a dependency set's use is recorded in
+        self._used = []  # (group, name) served from memory, recorded with the next request
+        self._exit_registered = False
+        #: Values the working set brought in and that verified.
+        self.prefetched = 0
         self._client = None
         self._failed = None
+        self._failed_at = 0.0  # monotonic time of the last failure or probe
+        self._final = False  # the budget ran out: no probe can bring the store back
         self._connected = False
         self._guard = threading.Lock()
         self._io = threading.Lock()  # one connection: one request at a time
@@ -247,31 +282,64 @@ class RemoteStore(Store):
         self.requests += 1  # a cluster client asks for the slot map as it is built
         return ClusterClient(self._url, self._endpoint, self.timeout)
 
-    def _fail(self, exc, level):
+    def _fail(self, exc, level, final=False, quiet=False):
         with self._guard:
             self._count(level, "errors")
-            if self._failed is not None:
-                return
-            self._failed = _explain(exc)
+            self._failed_at = time.monotonic()
+            self._final = self._final or final
             client, self._client = self._client, None
-        log.warning("ptxbackend: the fleet store at %s failed (%s); this program continues with its local "
-                    "cache only and does not use the fleet store again until it restarts",
-                    self.url, self._failed)
+            first = self._failed is None
+            if first:
+                self._failed = _explain(exc)
+        if not first or quiet:
+            log.debug("ptxbackend: the fleet store at %s is unusable (%s)", self.url, _explain(exc))
+        elif self.retry is None or self._final:
+            log.warning("ptxbackend: the fleet store at %s failed (%s); this program continues with its "
+                        "local cache only and does not use the fleet store again until it restarts",
+                        self.url, self._failed)
+        else:
+            log.warning("ptxbackend: the fleet store at %s failed (%s); this program continues with its "
+                        "local cache only and tries the fleet store again at most every %g s",
+                        self.url, self._failed, self.retry)
         try:
             if client is not None:
                 client.close()
         except Exception:  # closing a dead connection may fail too; nothing to do about it
             pass
 
-    def _call(self, level, operation, write=False):
+    def _off(self):
+        """Whether the breaker is open and no probe is due: the caller returns at once."""
+        if self._failed is None:
+            return False
+        return (self._final or self.retry is None
+                or time.monotonic() - self._failed_at < self.retry)
+
+    def _admit(self):
+        """Whether a call may go to the server now: the breaker is closed, or this call is the one
+        probe of the interval (claimed under the guard, so concurrent callers do not all probe)."""
+        if self._failed is None:
+            return True
+        with self._guard:
+            if self._off():
+                return False
+            self._failed_at = time.monotonic()
+            return True
+
+    def _recovered(self):
+        with self._guard:
+            was, self._failed = self._failed, None
+        if was is not None:
+            log.warning("ptxbackend: the fleet store at %s answers again; this program uses it again", self.url)
+
+    def _call(self, level, operation, write=False, quiet=False):
         """``operation(client)``'s result, or ``_SKIP`` when the store is off or the call failed."""
-        if self._failed is not None:
+        if not self._admit():
             return _SKIP
         started = None
         try:
             with self._io:
                 started = time.monotonic()  # waiting for another thread's request is not the server's time
-                if self._client is None and self._failed is None:
+                if self._client is None:
                     self._client = self._make_client()
                 client = self._client
                 if client is None:
@@ -283,11 +351,15 @@ class RemoteStore(Store):
             if write and _write_refused(exc):
                 with self._guard:
                     self._count(level, "errors")
+                if self._failed is not None:
+                    self._recovered()  # it answered: reachable again, only this write was refused
                 log.debug("ptxbackend: the fleet store refused a write (%s)", _explain(exc))
                 return _SKIP
-            self._fail(exc, level)
+            self._fail(exc, level, quiet=quiet)
             return _SKIP
         self._connected = True
+        if self._failed is not None:
+            self._recovered()
         self._charge(started, level)
         return result
 
@@ -296,10 +368,10 @@ class RemoteStore(Store):
         if started is None:
             return
         self.spent += time.monotonic() - started
-        if self.budget is not None and self.spent > self.budget and self._failed is None:
+        if self.budget is not None and self.spent > self.budget and not self._final:
             self._fail(resp.Fault("this process spent %.1f s waiting for it, over its budget of %.1f s "
                                   "(PTXBACKEND_REMOTE_BUDGET): it is too slow" % (self.spent, self.budget)),
-                       level)
+                       level, final=True)
 
     @contextlib.contextmanager
     def unbudgeted(self):
@@ -338,16 +410,127 @@ class RemoteStore(Store):
 
     def get(self, name):
         level = _level(name)
+        group = self._group(name)
+        if self._memory:
+            with self._guard:
+                held = self._memory.pop(name, None)
+                if held is not None:
+                    self._count(level, "hits")
+                    if self.writable and group is not None and len(self._used) < workingset.FETCH_COUNT:
+                        if not self._used and not self._exit_registered:
+                            self._exit_registered = True
+                            atexit.register(self.record_uses)
+                        self._used.append((group, name))
+            if held is not None:
+                return held
         redis_key = self._prefix + name
         # One byte past the bound: a longer answer is refused without ever reading it all.
-        read = ("GETRANGE", redis_key, 0, HEADER_SIZE + MAX_VALUE)
+        commands = [("GETRANGE", redis_key, 0, HEADER_SIZE + MAX_VALUE)]
         if self.ttl:
-            # A hit keeps the value alive; a miss is a no-op.
-            raw = self._call(level, lambda client: _string(
-                client.execute(read, ("EXPIRE", redis_key, self.ttl))[0]))
-        else:
-            raw = self._call(level, lambda client: _string(client.execute(read)[0]))
-        if raw is _SKIP:
+            commands.append(("EXPIRE", redis_key, self.ttl))  # a hit keeps the value alive; a miss: no-op
+        fetch = self._claim_fetch(group)
+        if fetch is not None:
+            commands.append(self._fetch_command(fetch))
+        commands.extend(self._touches(name, group))
+        replies = self._call(level, lambda client: _main(client.results(*commands), string=True))
+        if replies is _SKIP:
+            if fetch is not None:
+                self._fetched.discard(group)  # asked again once the store answers
+            return None
+        if fetch is not None:
+            self._take_working_set(name, replies[2 if self.ttl else 1])
+        return self._verify(level, redis_key, replies[0])
+
+    def record_uses(self):
+        """Record the uses served from memory that no request carried yet (at exit: a program whose
+        every kernel came from the working set still refreshes their place in it)."""
+        if not self._used or self._off():
+            return
+        commands = self._touches(None, None)
+        if commands:
+            # At exit: a server gone by then is not worth a warning the program's user would see last.
+            self._call("other", lambda client: client.results(*commands), write=True, quiet=True)
+
+    def _group(self, name):
+        group = workingset.group_of(name)
+        if group is not None:
+            self._recent_group = group
+            return group
+        return self._recent_group if name.startswith("depsets/") else None
+
+    def _claim_fetch(self, group):
+        """The set key to fetch with this request, once per group and process; else ``None``."""
+        if group is None:
+            return None
+        with self._guard:
+            if group in self._fetched:
+                return None
+            self._fetched.add(group)
+        return self._set_prefix + group
+
+    def _touches(self, name, group):
+        """Commands recording this use and those served from memory since the last request (rw only:
+        a read-only line PC writes nothing)."""
+        if not self.writable:
+            return []
+        with self._guard:
+            used, self._used = self._used, []
+        if group is not None:
+            used.append((group, name))
+        now = int(time.time() * 1000)
+        commands = []
+        for used_group, used_name in used:
+            commands.extend(workingset.touch(self._set_prefix + used_group, used_name, now))
+        return commands
+
+    def _fetch_command(self, set_key):
+        """The command that fetches a working set (with its values on one server; names on a cluster)."""
+        if self._cluster:
+            return ("ZREVRANGE", set_key, 0, workingset.FETCH_COUNT - 1)
+        return ("EVAL", workingset.FETCH_SCRIPT, 1, set_key, self._prefix, workingset.FETCH_COUNT,
+                workingset.FETCH_BYTES, HEADER_SIZE + MAX_VALUE)
+
+    def _take_working_set(self, name, reply):
+        """Keep the working set's values that verify until a lookup asks for them."""
+        for member, blob in self._working_set_values(reply, skip=name):
+            with self._guard:
+                self._memory[member] = blob
+
+    def fetch_working_set(self, group):
+        """``[(name, blob)]``: the working set of ``group`` whose values authenticate (the caller makes
+        the entry checks); ``[]`` when the store is off.  One round trip on one server (``warm --from-fleet``)."""
+        command = self._fetch_command(self._set_prefix + group)
+        reply = self._call("other", lambda client: client.results(command)[0])
+        return [] if reply is _SKIP else self._working_set_values(reply)
+
+    def _working_set_values(self, reply, skip=None):
+        if isinstance(reply, resp.ReplyError):  # EVAL refused (an ACL, a script-less server): no prefetch
+            log.debug("ptxbackend: the fleet store did not send the working set: %s", reply)
+            return []
+        if self._cluster:
+            names = [member for member in reply if workingset.valid_name(member)
+                     and member.decode("ascii") != skip] if isinstance(reply, list) else []
+            # Per key: a cluster keeps them on any slot.
+            commands = [("GETRANGE", self._prefix + member.decode("ascii"), 0, HEADER_SIZE + MAX_VALUE)
+                        for member in names]
+            values = self._call("other", lambda client: client.results(*commands)) if commands else []
+            if values is _SKIP:
+                return []
+            reply = [item for pair in zip(names, values) for item in pair]
+        found = []
+        for member, raw in workingset.pairs(reply):
+            if not raw or member == skip:  # skip: the lookup that fetched the set read its own value
+                continue
+            blob = self._verify(_level(member), self._prefix + member, raw, count_hit=False)
+            if blob is not None:
+                found.append((member, blob))
+                self.prefetched += 1
+        return found
+
+    def _verify(self, level, redis_key, raw, count_hit=True):
+        """The blob inside ``raw`` (what GETRANGE sent for ``redis_key``) if it authenticates, else ``None``."""
+        if not isinstance(raw, bytes):
+            self._reject(level, redis_key, "the server sent something else than a value")
             return None
         if not raw:  # GETRANGE answers b"" for an absent key
             self._bump(level, "misses")
@@ -368,11 +551,12 @@ class RemoteStore(Store):
             self._reject(level, redis_key, "its authentication code does not match: the fleet key differs "
                                            "from the one that stored it, or the value was tampered with")
             return None
-        self._bump(level, "hits")
+        if count_hit:
+            self._bump(level, "hits")
         return blob.tobytes()
 
     def put(self, name, blob):
-        if not self.writable or self._failed is not None:
+        if not self.writable or self._off():
             return
         level = _level(name)
         blob = bytes(blob)
@@ -383,11 +567,12 @@ class RemoteStore(Store):
         command = ("SET", redis_key, seal(self._key, redis_key.encode("utf-8"), blob))
         if self.ttl:
             command += ("EX", self.ttl)
-        if self._call(level, lambda client: client.execute(command), write=True) is not _SKIP:
+        commands = [command] + self._touches(name, self._group(name))
+        if self._call(level, lambda client: _main(client.results(*commands)), write=True) is not _SKIP:
             self._bump(level, "puts")
 
     def delete(self, name):
-        if not self.writable or self._failed is not None:
+        if not self.writable or self._off():
             return
         redis_key = self._prefix + name
         self._call(_level(name), lambda client: client.execute(("DEL", redis_key)), write=True)
@@ -400,7 +585,7 @@ class RemoteStore(Store):
         ``timeout`` seconds for a lock that verifies, then yields ``False`` and the caller compiles
         anyway.  A lock that does not verify (no fleet key behind it) is not waited for.
         """
-        if not self.writable or self._failed is not None:
+        if not self.writable or self._off():
             yield False
             return
         level = _level(name)
@@ -604,7 +789,8 @@ def open_remote(settings):
                             namespace=getattr(settings, "remote_namespace", "ptxbackend") or "ptxbackend",
                             password=password,
                             ttl=getattr(settings, "remote_ttl", 0) or 0,
-                            budget=getattr(settings, "remote_budget", DEFAULT_BUDGET))
+                            budget=getattr(settings, "remote_budget", DEFAULT_BUDGET),
+                            retry=getattr(settings, "remote_retry", DEFAULT_RETRY))
     except ValueError as exc:
         return None, str(exc)
     return store, None

@@ -232,6 +232,15 @@ class Client(object):
         Raises :class:`Fault` (the connection is then closed) or, after every reply was read, the
         first :class:`ReplyError`.
         """
+        replies = self.results(*commands)
+        for reply in replies:
+            if isinstance(reply, ReplyError):
+                raise reply
+        return replies
+
+    def results(self, *commands):
+        """As :meth:`execute`, with error replies left in place as :class:`ReplyError` objects (for
+        pipelines whose upkeep commands may fail alone); raises only :class:`Fault`."""
         deadline = time.monotonic() + self.timeout
         try:
             if self._sock is None:
@@ -242,9 +251,6 @@ class Client(object):
             if isinstance(exc, Fault):
                 raise
             raise Fault("%s: %s" % (type(exc).__name__, exc))
-        for reply in replies:
-            if isinstance(reply, ReplyError):
-                raise reply
         return replies
 
     def scan(self, pattern, limit=MAX_ITEMS * 16):

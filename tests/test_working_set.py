@@ -1,0 +1,190 @@
+"""The fleet's working set (ptxbackend/cache/workingset.py): a new process's first lookup brings the
+group's values in the same round trip; the set is advisory and every value it brings must verify.
+
+Real valkey-server; a fake RESP server on loopback only where the server must lie.  Each check's test
+feeds an input that is valid in every other respect, so removing the check makes it fail.
+"""
+
+import os
+import time
+
+import pytest
+
+from fake_resp import FakeServer
+from ptxbackend.cache import DirectoryStore, workingset
+from ptxbackend.cache import entry as entry_format
+from ptxbackend.cache.entries import EntryCache
+from ptxbackend.cache.remote import RemoteStore, seal
+from test_remote_store import fleet_key, logged, make_store, namespace, raw  # noqa: F401  (fixtures)
+
+PRODUCER_TARGET = "nvcc-13.0.88/compute_75"
+
+
+def key_of(i):
+    return ("%02x" % i) * 32
+
+
+def name_of(i, kind="ptx"):
+    key = key_of(i)
+    return "%s/%s/%s.%s" % (PRODUCER_TARGET, key[:2], key, kind)
+
+
+def set_key(space):
+    return "%s:ws:v4/%s" % (space, PRODUCER_TARGET)
+
+
+def seed(store, count):
+    blobs = {}
+    for i in range(count):
+        blobs[name_of(i)] = entry_format.encode(b"// ptx %d" % i, {"key": key_of(i), "kind": "ptx"})
+        store.put(name_of(i), blobs[name_of(i)])
+    return blobs
+
+
+def test_the_first_lookup_brings_the_working_set_in_one_round_trip(make_store, raw, namespace):
+    blobs = seed(make_store(), 20)
+    assert raw.zcard(set_key(namespace)) == 20  # each upload recorded its name, pipelined with the SET
+    for mode in ("ro", "rw"):
+        reader = make_store(mode=mode)
+        for name in sorted(blobs):
+            assert reader.get(name) == blobs[name]
+        assert reader.requests == 1 and reader.prefetched == 19
+        assert reader.stats()["entry"]["hits"] == 20
+
+
+def test_the_set_is_bounded_on_the_server(make_store, raw, namespace, monkeypatch):
+    monkeypatch.setattr(workingset, "MAX_MEMBERS", 5)
+    seed(make_store(), 12)
+    members = raw.zrevrange(set_key(namespace), 0, -1)
+    assert len(members) == 5 and members[0].decode() == name_of(11)  # the newest, by last use
+
+
+def test_a_read_only_reader_records_nothing(make_store, raw, namespace):
+    seed(make_store(), 3)
+    before = raw.zrange(set_key(namespace), 0, -1, withscores=True)
+    reader = make_store(mode="ro")
+    assert reader.get(name_of(0)) is not None
+    assert raw.zrange(set_key(namespace), 0, -1, withscores=True) == before
+
+
+def test_uses_served_from_memory_are_recorded_with_the_next_request(make_store, raw, namespace):
+    seed(make_store(), 3)
+    reader = make_store()
+    reader.get(name_of(0))
+    old = raw.zscore(set_key(namespace), name_of(2))
+    time.sleep(0.01)
+    reader.get(name_of(2))  # from memory: no request
+    assert reader.requests == 1
+    reader.get(name_of(7))  # a miss: its request carries the earlier use
+    assert reader.requests == 2 and raw.zscore(set_key(namespace), name_of(2)) > old
+    old = raw.zscore(set_key(namespace), name_of(1))
+    time.sleep(0.01)
+    reader.get(name_of(1))
+    reader.record_uses()  # what the process's exit does with uses no request carried
+    assert reader.requests == 3 and raw.zscore(set_key(namespace), name_of(1)) > old
+    reader.record_uses()
+    assert reader.requests == 3  # nothing left to record: no request
+
+
+def test_a_forged_set_only_fetches_values_that_must_verify(make_store, raw, namespace, fleet_key, logged):
+    blobs = seed(make_store(), 2)
+    # Names anyone could add to the set: a value tampered with, a valid value copied under another
+    # name (the name is inside the MAC), a value sealed with another key, and names of no layout.
+    raw.set("%s:v4/%s" % (namespace, name_of(5)), raw.get("%s:v4/%s" % (namespace, name_of(1))))
+    tampered = bytearray(raw.get("%s:v4/%s" % (namespace, name_of(1))))
+    tampered[-1] ^= 1
+    raw.set("%s:v4/%s" % (namespace, name_of(6)), bytes(tampered))
+    other = "%s:v4/%s" % (namespace, name_of(7))
+    raw.set(other, seal(os.urandom(32), other.encode(), blobs[name_of(1)]))
+    forged = [name_of(5), name_of(6), name_of(7), "../../etc/passwd", "a" * 500, "x:y/z/w.ptx"]
+    raw.zadd(set_key(namespace), dict((name, 1e15) for name in forged))
+    reader = make_store(mode="ro")
+    assert reader.get(name_of(0)) == blobs[name_of(0)]
+    assert reader.prefetched == 1  # name_of(1) alone
+    assert sorted(reader._memory) == [name_of(1)]
+    assert reader.stats()["entry"]["rejected"] == 3
+    for name in (name_of(5), name_of(6), name_of(7)):
+        assert reader.get(name) is None  # asked again, refused again: never served
+
+
+def test_a_value_from_the_working_set_gets_the_entry_checks_of_a_single_fetch(make_store, raw, namespace,
+                                                                              tmp_path):
+    """Sealed with the fleet key, under a kernel's name, but holding another kernel's entry."""
+    blobs = seed(make_store(), 2)
+    writer = make_store()
+    writer.put(name_of(3), blobs[name_of(1)])  # an uploader with the key, and a bug
+    cache = EntryCache(DirectoryStore(str(tmp_path / "local"), 1 << 20, 5.0), make_store(mode="ro"))
+    assert cache.read(name_of(0), key_of(0), "ptx") is not None
+    assert cache.remote.prefetched == 2
+    assert cache.read(name_of(3), key_of(3), "ptx") is None  # verified as bytes, refused as an entry
+    assert cache.read(name_of(1), key_of(1), "ptx") is not None
+    assert cache.counters["remote_hits"] == 2 and cache.counters["remote_discarded"] == 1
+    assert cache.remote.requests == 1
+
+
+def test_the_fetch_is_bounded_in_count_and_bytes_whatever_the_server_sends(fleet_key, logged, monkeypatch):
+    """A server that ignores the bounds it was sent and answers with many valid values."""
+    names = [name_of(i) for i in range(10)]
+
+    def answer(command):
+        if command[0] == b"EVAL":
+            items = []
+            for name in names:
+                redis_key = ("ptxbackend:v4/" + name).encode()
+                value = seal(fleet_key, redis_key, b"x" * 100)
+                items.append(b"$%d\r\n%s\r\n" % (len(name), name.encode()))
+                items.append(b"$%d\r\n%s\r\n" % (len(value), value))
+            return b"*%d\r\n" % len(items) + b"".join(items)
+        return b"$0\r\n\r\n"
+    monkeypatch.setattr(workingset, "FETCH_COUNT", 4)
+    with FakeServer(answer) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
+        store.get(name_of(50))
+        assert store.prefetched == 4
+        monkeypatch.setattr(workingset, "FETCH_COUNT", 100)
+        monkeypatch.setattr(workingset, "FETCH_BYTES", 3 * (100 + 38))
+        store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
+        store.get(name_of(50))
+        assert store.prefetched == 3
+
+
+@pytest.mark.parametrize("reply", [b"$3\r\nabc\r\n", b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n", b":7\r\n",
+                                   b"-NOSCRIPT no scripts here\r\n"])
+def test_a_working_set_reply_of_the_wrong_shape_is_no_working_set(reply, fleet_key, logged):
+    with FakeServer(lambda command: reply if command[0] == b"EVAL" else b"$0\r\n\r\n") as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
+        assert store.get(name_of(1)) is None
+        assert store.prefetched == 0 and store.state == "ok"
+
+
+def test_names_of_no_layout_are_not_kept_even_when_their_values_verify(fleet_key, logged):
+    """A server (or a key holder's bug) sending a validly sealed value under a name no lookup makes."""
+    odd = ["../../%s" % name_of(2), "x:y/%s" % name_of(3), name_of(4) + "/" + "a" * 400]
+
+    def answer(command):
+        if command[0] != b"EVAL":
+            return b"$0\r\n\r\n"
+        items = []
+        for name in odd + [name_of(5)]:
+            value = seal(fleet_key, ("ptxbackend:v4/" + name).encode(), b"kernel")
+            items.append(b"$%d\r\n%s\r\n" % (len(name), name.encode()))
+            items.append(b"$%d\r\n%s\r\n" % (len(value), value))
+        return b"*%d\r\n" % len(items) + b"".join(items)
+    with FakeServer(answer) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
+        store.get(name_of(1))
+        assert sorted(store._memory) == [name_of(5)]
+
+
+def test_fleet_hits_are_copied_locally_off_the_hit_path(make_store, tmp_path):
+    blobs = seed(make_store(), 3)
+    local = DirectoryStore(str(tmp_path / "local"), 1 << 20, 5.0)
+    cache = EntryCache(local, make_store(mode="ro"))
+    for i in range(3):
+        assert cache.read(name_of(i), key_of(i), "ptx") is not None
+    # Asked again before its file is written: served from what waits to be written, not fetched again.
+    assert cache.read(name_of(0), key_of(0), "ptx") is not None
+    assert cache.remote.requests == 1 and cache.counters["remote_hits"] == 3
+    cache.flush()
+    assert all(local.get(name) == blobs[name] for name in blobs)
+    assert cache._later.pending == {}
