@@ -150,13 +150,27 @@ build_version() {
   if [ "${V2V9_SKIP_CHECK:-0}" != 1 ]; then
     # import cupy on this machine: no driver here, so a libcuda.so.1 whose every function aborts
     # (generated like the stubs, from the modules' imports).  Catches a missing symbol or library.
-    "$host_python" "$here/stubgen.py" "$site" "$stage/cpucheck" libcuda.so.1 >/dev/null
-    gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stage/cpucheck/libcuda.so.1" "$stage/cpucheck/libcuda.so.1.c"
+    # CuPy 13 links the CUDA runtime statically, which opens libcuda.so.1 only at the first CUDA call.
+    mkdir -p "$stage/cpucheck"
+    if find "$site/cupy" "$site/cupy_backends" -name '*.so' -exec readelf -d {} + 2>/dev/null \
+        | grep -q 'NEEDED.*\[libcuda\.so\.1\]'; then
+      "$host_python" "$here/stubgen.py" "$site" "$stage/cpucheck" libcuda.so.1 >/dev/null
+      gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stage/cpucheck/libcuda.so.1" "$stage/cpucheck/libcuda.so.1.c"
+    fi
     LD_LIBRARY_PATH=$libs:$stage/cpucheck PYTHONDONTWRITEBYTECODE=1 "$prefix/bin/python$short" -c "
 import cupy, cupy.cuda.compiler as c, inspect, numpy
 f = getattr(c, '_compile_module_with_cache', None) or c.compile_with_cache
 print('import ok: cupy', cupy.__version__, 'numpy', numpy.__version__, f.__name__, inspect.signature(f))
-print('NVRTC through the stand-in name:', c._get_nvrtc_version())
+try:
+    print('NVRTC through the stand-in name:', c._get_nvrtc_version())
+except Exception as exc:  # CuPy 13 picks its NVRTC by the runtime's version, which needs libcuda.so.1
+    if 'InsufficientDriver' not in str(exc):
+        raise
+    import ctypes
+    v = (ctypes.c_int(), ctypes.c_int())
+    ctypes.CDLL('libnvrtc.so.11.2').nvrtcVersion(ctypes.byref(v[0]), ctypes.byref(v[1]))
+    print('NVRTC: CuPy asks the CUDA runtime for its version first, which needs a driver; libnvrtc.so.11.2 '
+          'directly:', (v[0].value, v[1].value))
 " 2> "$stage/cpucheck.err" || { cat "$stage/cpucheck.err"; die "import cupy $version failed on the CPU machine"; }
     # e.g. 'no version information available': a stand-in that does not look like the real library
     [ ! -s "$stage/cpucheck.err" ] || { cat "$stage/cpucheck.err"; die "the dynamic loader complained"; }
