@@ -143,9 +143,12 @@ build_version() {
   # CuPy's own tests at the tag, with the tag's pytest settings (setup.cfg [tool:pytest]; 13: pyproject.toml)
   local settings=setup.cfg
   git -C "$cupy_repo" cat-file -e "v$version:$settings" 2>/dev/null || settings=pyproject.toml
+  # 13.6.0 (issue 29) also gets cupyx.jit's tests: V2V9_TEST_FILES=../cupyx_tests/jit_tests/test_raw.py
+  local jit=""
+  [ "$version" = 13.6.0 ] && jit="tests/cupyx_tests/__init__.py tests/cupyx_tests/jit_tests"
   mkdir -p "$out/cupy_tests"
   git -C "$cupy_repo" archive "v$version" tests/conftest.py tests/cupy_tests/__init__.py \
-    tests/cupy_tests/core_tests tests/cupy_tests/math_tests "$settings" | tar -x -C "$out/cupy_tests"
+    tests/cupy_tests/core_tests tests/cupy_tests/math_tests "$settings" $jit | tar -x -C "$out/cupy_tests"
 
   if [ "${V2V9_SKIP_CHECK:-0}" != 1 ]; then
     # import cupy on this machine: no driver here, so a libcuda.so.1 whose every function aborts
