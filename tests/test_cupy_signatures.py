@@ -148,6 +148,17 @@ def test_v10_public_name_calls_the_replaced_one(cupy):
         "%s: compile_with_cache no longer returns %s(...)" % (cupy.path, cupy.entry)
 
 
+def test_names_the_hook_reads_from_cupys_module_are_there(cupy):
+    """What the hook uses of ``cupy.cuda.compiler`` besides the replaced function: ``function`` (to load
+    a kernel as CuPy does), ``runtime`` (HIP, the device's context), ``_get_nvrtc_version``; from 9 on,
+    ``_use_ptx``, ``_get_arch`` and ``device``, read with getattr before a call goes to CuPy: renamed, they
+    would silently leave CuPy building SASS the GPU cannot run."""
+    wanted = {"function", "runtime", "_get_nvrtc_version"}
+    if cupy.version != "7.8.0":
+        wanted |= {"_use_ptx", "_get_arch", "device"}
+    assert wanted - cupy.defined == set(), cupy.path
+
+
 def test_every_parameter_is_understood(cupy):
     assert ci._unknown_parameters(cupy.signature) == ()
 
