@@ -65,7 +65,18 @@ build_version() {
     13.6.0) pyver=3.10.13; wheel="cupy-cuda11x==13.6.0"; numpy=1.26.4; pytest=7.4.4
            cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.2
            stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11" ;;
-    *) die "unknown version $version (7.8.0, 9.6.0 or 13.6.0)" ;;
+    # The last of lines 10-12 (issue 29), for the small program stock vs hook (steps a and b): linked like
+    # 9.6.0 (the runtime and every library dynamically); 10.6.0's NVRTC symbols are @libnvrtc.so.11.1.
+    10.6.0) pyver=3.10.13; wheel="cupy-cuda111==10.6.0"; numpy=1.22.4; pytest=7.4.4
+           cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.1
+           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11 libnvToolsExt.so.1" ;;
+    11.6.0) pyver=3.10.13; wheel="cupy-cuda11x==11.6.0"; numpy=1.24.4; pytest=7.4.4
+           cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.2
+           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11 libnvToolsExt.so.1" ;;
+    12.3.0) pyver=3.10.13; wheel="cupy-cuda11x==12.3.0"; numpy=1.26.4; pytest=7.4.4
+           cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.2
+           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11" ;;
+    *) die "unknown version $version (7.8.0, 9.6.0, 10.6.0, 11.6.0, 12.3.0 or 13.6.0)" ;;
   esac
   local short=${pyver%.*} src=$pyroot/versions/$pyver
   local out=$repo/.device/cupy_v2_v9/$version stage=$work/$version
@@ -124,7 +135,7 @@ build_version() {
   [ "$cudart_name" = libcudart.so.11.0 ] || ln -s libcudart.so.11.0 "$libs/$cudart_name"
   "$host_python" "$here/stubgen.py" "$site" "$stage/stubsrc" $stubs
   if [ "$nvrtc_name" = libnvrtc.so.11.2 ]; then
-    :  # 13.6.0: the real NVRTC 11.7 under its own name
+    :  # 11.6.0-13.6.0: the real NVRTC 11.7 under its own name
   elif [ "$nvrtc_name" = libnvrtc.so.8.0 ]; then
     ln -s libnvrtc.so.11.2 "$libs/$nvrtc_name"  # 7.8.0's modules ask for unversioned symbols: the name is enough
   else
@@ -155,8 +166,10 @@ build_version() {
     # (generated like the stubs, from the modules' imports).  Catches a missing symbol or library.
     # CuPy 13 links the CUDA runtime statically, which opens libcuda.so.1 only at the first CUDA call.
     mkdir -p "$stage/cpucheck"
-    if find "$site/cupy" "$site/cupy_backends" -name '*.so' -exec readelf -d {} + 2>/dev/null \
-        | grep -q 'NEEDED.*\[libcuda\.so\.1\]'; then
+    local driver_users  # counted, not `grep -q`: under pipefail its early exit would fail the pipeline
+    driver_users=$(find "$site/cupy" "$site/cupy_backends" -name '*.so' -exec readelf -d {} + 2>/dev/null \
+      | grep -c 'NEEDED.*\[libcuda\.so\.1\]' || true)
+    if [ "$driver_users" -gt 0 ]; then
       "$host_python" "$here/stubgen.py" "$site" "$stage/cpucheck" libcuda.so.1 >/dev/null
       gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stage/cpucheck/libcuda.so.1" "$stage/cpucheck/libcuda.so.1.c"
     fi
