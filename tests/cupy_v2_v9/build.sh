@@ -60,22 +60,20 @@ build_version() {
     9.6.0) pyver=3.8.18; wheel="cupy-cuda111==9.6.0"; numpy=1.21.6
            cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.1
            stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11" ;;
-    # CuPy 13 links the CUDA runtime statically (libcudart.so.11.0 is staged but unused) and imports
-    # nvrtc*@libnvrtc.so.11.2, which NVRTC 11.7 defines itself; its tests want pytest >= 7.2.
-    13.6.0) pyver=3.10.13; wheel="cupy-cuda11x==13.6.0"; numpy=1.26.4; pytest=7.4.4
+    # Issue 29: the last of lines 10-12, for the small program stock vs hook (steps a and b), linked like
+    # 9.6.0 (the runtime and every library dynamically; 10.6.0's NVRTC symbols are @libnvrtc.so.11.1, and
+    # 10-11 link NVTX); and 13.6.0, which links the runtime statically (libcudart.so.11.0 is staged but
+    # unused).  11.6.0+ import nvrtc*@libnvrtc.so.11.2, which NVRTC 11.7 defines itself; 13's tests want
+    # pytest >= 7.2.
+    10.6.0|11.6.0|12.3.0|13.6.0) pyver=3.10.13; pytest=7.4.4
            cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.2
-           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11" ;;
-    # The last of lines 10-12 (issue 29), for the small program stock vs hook (steps a and b): linked like
-    # 9.6.0 (the runtime and every library dynamically); 10.6.0's NVRTC symbols are @libnvrtc.so.11.1.
-    10.6.0) pyver=3.10.13; wheel="cupy-cuda111==10.6.0"; numpy=1.22.4; pytest=7.4.4
-           cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.1
-           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11 libnvToolsExt.so.1" ;;
-    11.6.0) pyver=3.10.13; wheel="cupy-cuda11x==11.6.0"; numpy=1.24.4; pytest=7.4.4
-           cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.2
-           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11 libnvToolsExt.so.1" ;;
-    12.3.0) pyver=3.10.13; wheel="cupy-cuda11x==12.3.0"; numpy=1.26.4; pytest=7.4.4
-           cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.2
-           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11" ;;
+           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11"
+           case $version in
+             10.6.0) wheel="cupy-cuda111==10.6.0"; numpy=1.22.4; nvrtc_name=libnvrtc.so.11.1
+                     stubs="$stubs libnvToolsExt.so.1" ;;
+             11.6.0) wheel="cupy-cuda11x==11.6.0"; numpy=1.24.4; stubs="$stubs libnvToolsExt.so.1" ;;
+             *) wheel="cupy-cuda11x==$version"; numpy=1.26.4 ;;
+           esac ;;
     *) die "unknown version $version (7.8.0, 9.6.0, 10.6.0, 11.6.0, 12.3.0 or 13.6.0)" ;;
   esac
   local short=${pyver%.*} src=$pyroot/versions/$pyver
