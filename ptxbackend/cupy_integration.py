@@ -166,6 +166,11 @@ def _cupy_options(compiler_module, gen, kind):
     added = ("-ftz=true",)
     if _cupy_flag("CUPY_CUDA_COMPILE_WITH_DEBUG"):
         added += ("--device-debug", "--generate-line-info")
+    include_options = getattr(compiler_module, "_get_extra_include_dir_opts", None)
+    if gen == "v10+" and include_options is not None:
+        # CuPy 13 with CUDA >= 12.2 from conda or NVIDIA's wheels: no option CuPy passes down names the
+        # CUDA headers its kernels include (cuda_fp16.h); without them every kernel would fail here.
+        added += tuple(include_options())
     if gen == "v10+" and kind == "nvrtc" and _nvrtc_major(compiler_module) >= 12:
         # CuPy v12+ passes this to NVRTC >= 12 (every non-jitify compile in v14): its
         # kernels call functions that carry no __device__ annotation.

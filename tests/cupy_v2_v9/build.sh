@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Stage the real CuPy v2-v9 packages for the GPU run (issue 15), on the CPU machine.  From the repository root:
+# Stage the real CuPy v2-v9 packages (issue 15) and CuPy 13.6.0 (issue 29) for the GPU run, on the CPU machine.
+# From the repository root:
 #
-#     bash tests/cupy_v2_v9/build.sh            # both versions
+#     bash tests/cupy_v2_v9/build.sh            # 7.8.0 and 9.6.0
 #     V2V9_VERSIONS=9.6.0 bash tests/cupy_v2_v9/build.sh
+#     V2V9_VERSIONS=13.6.0 bash tests/cupy_v2_v9/build.sh
 #
 # For each version, .device/cupy_v2_v9/<version>/ gets:
 #   python.tar.xz  pyenv's own interpreter prefix (it links libpython from that prefix, so it is unpacked at
@@ -50,7 +52,7 @@ fi
 ls "$cuda11"
 
 build_version() {
-  local version=$1 pyver wheel numpy cudart_name nvrtc_name stubs
+  local version=$1 pyver wheel numpy cudart_name nvrtc_name stubs pytest=6.2.5
   case $version in
     7.8.0) pyver=3.7.16; wheel="cupy-cuda80==7.8.0"; numpy=1.19.5
            cudart_name=libcudart.so.8.0; nvrtc_name=libnvrtc.so.8.0
@@ -58,7 +60,21 @@ build_version() {
     9.6.0) pyver=3.8.18; wheel="cupy-cuda111==9.6.0"; numpy=1.21.6
            cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.1
            stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11" ;;
-    *) die "unknown version $version (7.8.0 or 9.6.0)" ;;
+    # Issue 29: the last of lines 10-12, for the small program stock vs hook (steps a and b), linked like
+    # 9.6.0 (the runtime and every library dynamically; 10.6.0's NVRTC symbols are @libnvrtc.so.11.1, and
+    # 10-11 link NVTX); and 13.6.0, which links the runtime statically (libcudart.so.11.0 is staged but
+    # unused).  11.6.0+ import nvrtc*@libnvrtc.so.11.2, which NVRTC 11.7 defines itself; 13's tests want
+    # pytest >= 7.2.
+    10.6.0|11.6.0|12.3.0|13.6.0) pyver=3.10.13; pytest=7.4.4
+           cudart_name=libcudart.so.11.0; nvrtc_name=libnvrtc.so.11.2
+           stubs="libcublas.so.11 libcufft.so.10 libcurand.so.10 libcusparse.so.11 libcusolver.so.11"
+           case $version in
+             10.6.0) wheel="cupy-cuda111==10.6.0"; numpy=1.22.4; nvrtc_name=libnvrtc.so.11.1
+                     stubs="$stubs libnvToolsExt.so.1" ;;
+             11.6.0) wheel="cupy-cuda11x==11.6.0"; numpy=1.24.4; stubs="$stubs libnvToolsExt.so.1" ;;
+             *) wheel="cupy-cuda11x==$version"; numpy=1.26.4 ;;
+           esac ;;
+    *) die "unknown version $version (7.8.0, 9.6.0, 10.6.0, 11.6.0, 12.3.0 or 13.6.0)" ;;
   esac
   local short=${pyver%.*} src=$pyroot/versions/$pyver
   local out=$repo/.device/cupy_v2_v9/$version stage=$work/$version
@@ -78,8 +94,9 @@ build_version() {
   # pip evaluates environment markers for this interpreter, not the target: 3.7's extra needs are named
   local extra=""
   [ "$short" = 3.7 ] && extra="importlib-metadata==6.7.0 zipp==3.15.0 typing-extensions==4.7.1"
+  [ "$short" = 3.10 ] && extra="exceptiongroup==1.2.2 tomli==2.0.1"
   pip_ "$host_python" -m pip download -q --disable-pip-version-check --only-binary :all: \
-    --python-version "$short" --implementation cp -d "$work/dl/$pytag" "pytest==6.2.5" $extra
+    --python-version "$short" --implementation cp -d "$work/dl/$pytag" "pytest==$pytest" $extra
   pip_ "$host_python" -m pip download -q --disable-pip-version-check --only-binary :all: \
     --python-version "$short" --implementation cp -d "$out/wheels" filelock platformdirs
 
@@ -93,7 +110,7 @@ build_version() {
   find "$prefix" -name __pycache__ -prune -exec rm -rf {} +
   # Its own pip installs into the copy (sys.prefix follows the executable); no bytecode, to stay small
   pip_ "$prefix/bin/python$short" -m pip install -q --disable-pip-version-check --no-index --no-compile \
-    --find-links "$work/dl/$pytag" "$wheel" "numpy==$numpy" "pytest==6.2.5"
+    --find-links "$work/dl/$pytag" "$wheel" "numpy==$numpy" "pytest==$pytest"
   # cuDNN 7 and NCCL 2 (7.8.0 bundles 267 MB of them) are not used by the chosen tests; their modules are
   # optional imports.  thrust is dropped too: 7.8.0's cannot load against CUDA 11's runtime anyway
   # (cudaConfigureCall/cudaLaunch/cudaSetupArgument are gone), and 9.6.0's (57 MB) sorts, which no chosen
@@ -115,7 +132,9 @@ build_version() {
   cp "$cuda11"/libcudart.so.11.0 "$cuda11"/libnvrtc.so.11.2 "$cuda11"/libnvrtc-builtins.so.11.7 "$libs/"
   [ "$cudart_name" = libcudart.so.11.0 ] || ln -s libcudart.so.11.0 "$libs/$cudart_name"
   "$host_python" "$here/stubgen.py" "$site" "$stage/stubsrc" $stubs
-  if [ "$nvrtc_name" = libnvrtc.so.8.0 ]; then
+  if [ "$nvrtc_name" = libnvrtc.so.11.2 ]; then
+    :  # 11.6.0-13.6.0: the real NVRTC 11.7 under its own name
+  elif [ "$nvrtc_name" = libnvrtc.so.8.0 ]; then
     ln -s libnvrtc.so.11.2 "$libs/$nvrtc_name"  # 7.8.0's modules ask for unversioned symbols: the name is enough
   else
     # 9.6.0's ask for nvrtc*@libnvrtc.so.11.1, which NVRTC 11.7 (@libnvrtc.so.11.2) does not define
@@ -130,20 +149,42 @@ build_version() {
   mkdir -p "$stage/cuda" && cp -r "$cuda11/include" "$stage/cuda/include"
   tar -C "$stage" -cf - libs cuda | xz -T0 -9 > "$out/libs.tar.xz"
 
-  # CuPy's own tests at the tag, with the tag's pytest settings (setup.cfg [tool:pytest])
+  # CuPy's own tests at the tag, with the tag's pytest settings (setup.cfg [tool:pytest]; 13: pyproject.toml)
+  local settings=setup.cfg
+  git -C "$cupy_repo" cat-file -e "v$version:$settings" 2>/dev/null || settings=pyproject.toml
+  # 13.6.0 (issue 29) also gets cupyx.jit's tests: V2V9_TEST_FILES=../cupyx_tests/jit_tests/test_raw.py
+  local jit=""
+  [ "$version" = 13.6.0 ] && jit="tests/cupyx_tests/__init__.py tests/cupyx_tests/jit_tests"
   mkdir -p "$out/cupy_tests"
   git -C "$cupy_repo" archive "v$version" tests/conftest.py tests/cupy_tests/__init__.py \
-    tests/cupy_tests/core_tests tests/cupy_tests/math_tests setup.cfg | tar -x -C "$out/cupy_tests"
+    tests/cupy_tests/core_tests tests/cupy_tests/math_tests "$settings" $jit | tar -x -C "$out/cupy_tests"
 
   if [ "${V2V9_SKIP_CHECK:-0}" != 1 ]; then
     # import cupy on this machine: no driver here, so a libcuda.so.1 whose every function aborts
     # (generated like the stubs, from the modules' imports).  Catches a missing symbol or library.
-    "$host_python" "$here/stubgen.py" "$site" "$stage/cpucheck" libcuda.so.1 >/dev/null
-    gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stage/cpucheck/libcuda.so.1" "$stage/cpucheck/libcuda.so.1.c"
+    # CuPy 13 links the CUDA runtime statically, which opens libcuda.so.1 only at the first CUDA call.
+    mkdir -p "$stage/cpucheck"
+    local driver_users  # counted, not `grep -q`: under pipefail its early exit would fail the pipeline
+    driver_users=$(find "$site/cupy" "$site/cupy_backends" -name '*.so' -exec readelf -d {} + 2>/dev/null \
+      | grep -c 'NEEDED.*\[libcuda\.so\.1\]' || true)
+    if [ "$driver_users" -gt 0 ]; then
+      "$host_python" "$here/stubgen.py" "$site" "$stage/cpucheck" libcuda.so.1 >/dev/null
+      gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stage/cpucheck/libcuda.so.1" "$stage/cpucheck/libcuda.so.1.c"
+    fi
     LD_LIBRARY_PATH=$libs:$stage/cpucheck PYTHONDONTWRITEBYTECODE=1 "$prefix/bin/python$short" -c "
 import cupy, cupy.cuda.compiler as c, inspect, numpy
-print('import ok: cupy', cupy.__version__, 'numpy', numpy.__version__, 'compile_with_cache', inspect.signature(c.compile_with_cache))
-print('NVRTC through the stand-in name:', c._get_nvrtc_version())
+f = getattr(c, '_compile_module_with_cache', None) or c.compile_with_cache
+print('import ok: cupy', cupy.__version__, 'numpy', numpy.__version__, f.__name__, inspect.signature(f))
+try:
+    print('NVRTC through the stand-in name:', c._get_nvrtc_version())
+except Exception as exc:  # CuPy 13 picks its NVRTC by the runtime's version, which needs libcuda.so.1
+    if 'InsufficientDriver' not in str(exc):
+        raise
+    import ctypes
+    v = (ctypes.c_int(), ctypes.c_int())
+    ctypes.CDLL('libnvrtc.so.11.2').nvrtcVersion(ctypes.byref(v[0]), ctypes.byref(v[1]))
+    print('NVRTC: CuPy asks the CUDA runtime for its version first, which needs a driver; libnvrtc.so.11.2 '
+          'directly:', (v[0].value, v[1].value))
 " 2> "$stage/cpucheck.err" || { cat "$stage/cpucheck.err"; die "import cupy $version failed on the CPU machine"; }
     # e.g. 'no version information available': a stand-in that does not look like the real library
     [ ! -s "$stage/cpucheck.err" ] || { cat "$stage/cpucheck.err"; die "the dynamic loader complained"; }

@@ -80,7 +80,9 @@ def checks():
 
 
 def main(out_path):
-    compile_with_cache = cupy.cuda.compiler.compile_with_cache
+    # the function the hook replaces: compile_with_cache (v2-v9), _compile_module_with_cache (v10+)
+    compile_with_cache = getattr(cupy.cuda.compiler, "_compile_module_with_cache", None) \
+        or cupy.cuda.compiler.compile_with_cache
     result = {
         "cupy": cupy.__version__, "numpy": numpy.__version__, "python": sys.version.split()[0],
         "import_seconds": round(time.time() - T0, 3),

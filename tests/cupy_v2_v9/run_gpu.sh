@@ -60,7 +60,7 @@ ls "$work/venv-hook/lib/python$short/site-packages"
 
 cp -r "$staged/cupy_tests" "$work/cupy_tests"
 export V2V9_VERSION=$version V2V9_WORK=$work V2V9_PYTHON=$python V2V9_HOOK_PYTHON=$work/venv-hook/bin/python \
-  V2V9_LIBS=$work/libs V2V9_CUDA_PATH=$work/cuda V2V9_TESTS=$work/cupy_tests V2V9_LEDGER=$staged/ledger
+  V2V9_LIBS=$work/libs V2V9_CUDA_PATH=$work/cuda V2V9_TESTS=$work/cupy_tests V2V9_LEDGER=${V2V9_LEDGER:-$staged/ledger}
 say "setup done"
 python3 tests/cupy_v2_v9/harness.py
 }

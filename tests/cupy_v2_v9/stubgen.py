@@ -114,8 +114,10 @@ def needed(path):
 
 def belongs(symbol, soname):
     """Whether ``symbol`` comes from ``soname``, by the CUDA libraries' naming: libcublas.so.8.0 exports
-    cublas*, libcusolver.so.11 cusolver*; the driver (libcuda.so.1) cu + a capital (cudart is cuda*)."""
+    cublas*, libcusolver.so.11 cusolver*, libnvToolsExt.so.1 nvtx*; the driver (libcuda.so.1) cu + a
+    capital (cudart is cuda*)."""
     stem = soname.split(".so")[0][3:].lower()
+    stem = {"nvtoolsext": "nvtx"}.get(stem, stem)  # NVTX (CuPy 10-11 link it) exports nvtx*
     if stem == "cuda":
         return symbol.startswith("cu") and symbol[2:3].isupper()
     return symbol.lower().startswith(stem)
