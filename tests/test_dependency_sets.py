@@ -325,6 +325,15 @@ def test_a_header_dated_in_the_future_is_hashed_and_still_hits(nvcc13, tmp_path)
 
 # -- what used to fail although the compiler alone succeeds ---------------------------------------
 
+def _compiles_hits_then_sees(source, options, edit, **kwargs):
+    """VAL is 1.0f, the same request hits, ``edit()`` makes it 2.0f, and the next request sees it."""
+    kwargs.setdefault("target", "compute_75")
+    assert VALUE_1 in ptxbackend.compile(source, options, **kwargs).image
+    assert ptxbackend.compile(source, options, **kwargs).cache_hit
+    edit()
+    assert VALUE_2 in ptxbackend.compile(source, options, **kwargs).image
+
+
 @pytest.mark.toolkit
 @pytest.mark.parametrize("dirname", ["with\ttab", "with\nnewline", "with,comma", "with#hash", "with$dollar"])
 def test_include_directories_with_odd_names_work_and_hit(nvcc13, tmp_path, dirname):
@@ -333,11 +342,7 @@ def test_include_directories_with_odd_names_work_and_hit(nvcc13, tmp_path, dirna
     source = "#include <val.h>\n" + KERNEL
     # nvcc takes -I a,b as two directories; a comma that is part of the name is quoted, as for nvcc.
     options = ["-I", ('"%s"' if "," in dirname else "%s") % (tmp_path / dirname)]
-    first = ptxbackend.compile(source, options, target="compute_75")
-    assert VALUE_1 in first.image
-    assert ptxbackend.compile(source, options, target="compute_75").cache_hit
-    _write(header, "#define VAL 2.0f\n")
-    assert VALUE_2 in ptxbackend.compile(source, options, target="compute_75").image
+    _compiles_hits_then_sees(source, options, lambda: _write(header, "#define VAL 2.0f\n"))
 
 
 @pytest.mark.toolkit
@@ -356,10 +361,7 @@ def test_a_comma_list_of_options_files(nvcc13, tmp_path):
     _write(tmp_path / "a.txt", "-DVAL=1.0f\n")
     _write(tmp_path / "b.txt", "-DUNUSED=1\n")
     options = ["--options-file", "%s,%s" % (tmp_path / "a.txt", tmp_path / "b.txt")]
-    assert VALUE_1 in ptxbackend.compile(KERNEL, options, target="compute_75").image
-    assert ptxbackend.compile(KERNEL, options, target="compute_75").cache_hit
-    _write(tmp_path / "a.txt", "-DVAL=2.0f\n")
-    assert VALUE_2 in ptxbackend.compile(KERNEL, options, target="compute_75").image
+    _compiles_hits_then_sees(KERNEL, options, lambda: _write(tmp_path / "a.txt", "-DVAL=2.0f\n"))
 
 
 @pytest.mark.toolkit
@@ -367,10 +369,7 @@ def test_a_relative_pre_include_found_on_the_include_path(nvcc13, tmp_path, monk
     _write(tmp_path / "inc" / "val.h", "#define VAL 1.0f\n")
     monkeypatch.chdir(str(tmp_path))
     options = ["-I", "inc", "-include", "val.h"]
-    assert VALUE_1 in ptxbackend.compile(KERNEL, options, target="compute_75").image
-    assert ptxbackend.compile(KERNEL, options, target="compute_75").cache_hit
-    _write(tmp_path / "inc" / "val.h", "#define VAL 2.0f\n")
-    assert VALUE_2 in ptxbackend.compile(KERNEL, options, target="compute_75").image
+    _compiles_hits_then_sees(KERNEL, options, lambda: _write(tmp_path / "inc" / "val.h", "#define VAL 2.0f\n"))
 
 
 @pytest.mark.toolkit
@@ -382,11 +381,11 @@ def test_an_nvrtc_include_directory_that_is_not_utf8(nvrtc117, tmp_path, monkeyp
         handle.write(b"#define VAL 1.0f\n")
     options = [b"-I" + raw]
     source = "#include <val.h>\n" + KERNEL
-    assert VALUE_1 in ptxbackend.compile(source, options, target="compute_75", compiler="nvrtc").image
-    assert ptxbackend.compile(source, options, target="compute_75", compiler="nvrtc").cache_hit
-    with open(raw + b"/val.h", "wb") as handle:
-        handle.write(b"#define VAL 2.0f\n")
-    assert VALUE_2 in ptxbackend.compile(source, options, target="compute_75", compiler="nvrtc").image
+
+    def edit():
+        with open(raw + b"/val.h", "wb") as handle:
+            handle.write(b"#define VAL 2.0f\n")
+    _compiles_hits_then_sees(source, options, edit, compiler="nvrtc")
 
 
 @pytest.mark.toolkit
@@ -532,10 +531,7 @@ def test_a_host_compiler_that_writes_no_list_falls_back_to_nvccs(nvcc13, tmp_pat
     os.chmod(str(host), 0o755)
     _write(tmp_path / "inc" / "val.h", "#define VAL 1.0f\n")
     source, options = "#include <val.h>\n" + KERNEL, ["-ccbin", str(host), "-I", str(tmp_path / "inc")]
-    assert VALUE_1 in ptxbackend.compile(source, options, target="compute_75").image
-    assert ptxbackend.compile(source, options, target="compute_75").cache_hit
-    _write(tmp_path / "inc" / "val.h", "#define VAL 2.0f\n")
-    assert VALUE_2 in ptxbackend.compile(source, options, target="compute_75").image
+    _compiles_hits_then_sees(source, options, lambda: _write(tmp_path / "inc" / "val.h", "#define VAL 2.0f\n"))
 
 
 @pytest.mark.toolkit
