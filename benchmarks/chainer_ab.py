@@ -105,18 +105,6 @@ def _verify(tree, pth_file):
     return info
 
 
-def _probe_engine(records):
-    """Record each artifact the hook gets from ptxbackend's engine (kind, target, producer, hit)."""
-    from ptxbackend import engine
-    original = engine.compile
-
-    def compile(*args, **kwargs):
-        artifact = original(*args, **kwargs)
-        records.append(artifact)
-        return artifact
-    engine.compile = compile
-
-
 def _summarise_artifacts(records):
     kinds = {}
     for a in records:
@@ -142,15 +130,12 @@ def child(args):
     report = {"import_cupy_s": perf() - t}
     report["arm"] = _verify(tree, pth_file)
     if args.child == "check":  # the dry run, and the real run's check of every arm before timing
-        report["kernels_built"] = len([cupy.ElementwiseKernel(*kernel_spec(i)) for i in range(args.kernels)])
-        report.update(_cupy_info(cupy))
-        abrun.emit(MARK, report)
-        return
+        return abrun.report_check(MARK, cupy, report, args.kernels, kernel_spec, _cupy_info)
 
     import numpy
     records = []
     if tree:
-        _probe_engine(records)
+        abrun.probe_engine(records, [])
     dirs = abrun.cache_dirs()
     x, y, timings = abrun.make_context(cupy, 4096, WARMUP)  # warm-up: nvcc --version among others
     report.update(timings)

@@ -78,26 +78,6 @@ def _verify(tree, pth_file):
             "status": cupy_integration.status()}
 
 
-def _probe_engine(records):
-    """Record each artifact the hook gets from ptxbackend's engine (hit or compiled, payload, entry).
-
-    CuPy never shows the artifact, so the engine's compile() is wrapped: one Python call and an
-    append per kernel (well under a microsecond, against the ~0.5 ms a warm kernel costs).
-    """
-    from ptxbackend import engine
-    original = engine.compile
-
-    clock = time.perf_counter
-
-    def compile(*args, **kwargs):
-        started = clock()
-        artifact = original(*args, **kwargs)
-        artifact_seconds.append(clock() - started)  # the hook's own share of a kernel's first use
-        records.append(artifact)
-        return artifact
-    engine.compile = compile
-
-
 artifact_seconds = []
 cache_function_seconds = []
 
@@ -111,16 +91,7 @@ def _time_cache_function():
     there sees every kernel.
     """
     import cupy.cuda.compiler as compiler
-    original = compiler._compile_module_with_cache
-    clock = time.perf_counter
-
-    def timed(*args, **kwargs):
-        started = clock()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            cache_function_seconds.append(clock() - started)
-    compiler._compile_module_with_cache = timed
+    compiler._compile_module_with_cache = abrun.timed(compiler._compile_module_with_cache, cache_function_seconds)
 
 
 def _summarise_artifacts(records):
@@ -163,14 +134,11 @@ def child(args):
     report = {"import_cupy_s": perf() - t}
     report["ptxbackend"] = _verify(tree, pth_file)
     if args.child == "check":  # the dry run, and the real run's uncounted priming pass
-        report["kernels_built"] = len([cupy.ElementwiseKernel(*kernel_spec(i)) for i in range(args.kernels)])
-        report.update(_cupy_info(cupy))
-        abrun.emit(MARK, report)
-        return
+        return abrun.report_check(MARK, cupy, report, args.kernels, kernel_spec, _cupy_info)
 
     records = []
     if tree:
-        _probe_engine(records)
+        abrun.probe_engine(records, artifact_seconds)
     _time_cache_function()
     dirs = abrun.cache_dirs()
     x, y, timings = abrun.make_context(cupy, 1024, WARMUP)  # warm-up: NVRTC's start-up among others
