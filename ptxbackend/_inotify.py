@@ -154,7 +154,7 @@ class OpenRecorder(object):
             return found
         inotify = _Inotify.open()
         recorder = None if inotify is None else cls(inotify)
-        if found is not None:
+        if found is not None and not found._sessions:  # a compile in another thread may still drain it
             found._inotify.close()
         cls._shared[:] = [recorder]
         return recorder
