@@ -346,14 +346,27 @@ def _v14_compile(source, options=(), *, arch=None, **kwargs):
     pass
 
 
-@pytest.mark.parametrize("function", [_v1_compile_with_cache, _v14_compile])
+def _v14_2_compile(source, options=(), *, arch=None, extra_source=None, backend='nvrtc',
+                   enable_cooperative_groups=False, name_expressions=None, log_stream=None, jitify=False,
+                   to_ltoir=False):
+    pass
+
+
+def _keyword_only_required(source, *, cache_dir, jitify=False):
+    pass
+
+
+@pytest.mark.parametrize("function", [_v1_compile_with_cache, _v14_compile, _v14_2_compile,
+                                      _keyword_only_required])
 @pytest.mark.parametrize("args, kwargs", [
     (("src",), {}), (("src", ("-DX",)), {}), (("src", (), "sm_61", "/c"), {}),
     (("src",), {"cache_dir": "/c", "options": ["-DY"]}), ((), {"source": "s"}),
     ((), {}), (("s", (), None, None, "extra"), {}), (("s",), {"source": "t"}), (("s",), {"bogus": 1}),
+    (("s",), {"arch": "90", "jitify": True}), (("s",), {"cache_dir": "/c"}), (("s",), {"kwargs": 1}),
+    (("s", ()), {"backend": "nvcc", "to_ltoir": True, "arch": None}),
 ])
 def test_the_argument_binder_agrees_with_inspect(function, args, kwargs):
-    """The fast binder used for CuPy v1-v9 signatures gives what Signature.bind gives, errors included."""
+    """The fast binder gives what Signature.bind gives, errors included (v1-v9 and v14 shapes)."""
     signature = inspect.signature(function)
     try:
         bound = signature.bind(*args, **kwargs)
