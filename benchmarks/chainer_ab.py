@@ -145,6 +145,9 @@ def child(args):
     report.update(abrun.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
     if tree:
         report["artifacts"] = _summarise_artifacts(records)
+        import ptxbackend
+        if hasattr(ptxbackend, "cache_counters"):  # 0.2.0 has none; the fleet mode reads round trips here
+            report["counters"] = ptxbackend.cache_counters()
     report["y_checksum"] = float(cupy.asnumpy(y).astype(numpy.float64).sum())  # the last kernel's output
     report.update(_cupy_info(cupy))
     abrun.emit(MARK, report)
@@ -358,6 +361,18 @@ def render(results):
     return "\n".join(lines)
 
 
+def record_check(results, arm, got, args):
+    """Keep an arm's check child; stop unless it ran CuPy v1 from --site with the wrapper as ``nvcc``."""
+    abrun.record_check(results, arm, got)
+    if not os.path.realpath(got["arm"]["cupy_from"]).startswith(os.path.realpath(args.site) + os.sep):
+        raise SystemExit("arm %s imported cupy from %s, not from --site %s" % (arm["name"], got["arm"]["cupy_from"],
+                                                                             args.site))
+    want = os.path.join(args.bins[arm["nvcc"]], "nvcc")
+    if os.path.realpath(got["arm"]["nvcc_on_path"] or "") != os.path.realpath(want):
+        raise SystemExit("arm %s: nvcc on PATH is %s, not the wrapper %s" % (arm["name"], got["arm"]["nvcc_on_path"],
+                                                                             want))
+
+
 def _save(results, out):
     abrun.save(results, out, summarise, render)
 
@@ -434,14 +449,7 @@ def _run(args, arms, scratch, t_main):
     for arm in arms:
         got = run_child("check", arm, abrun.arm_caches(scratch, "check", arm, _CACHES),
                         os.path.join(scratch, "check", arm["name"], "nvcc.log"), args)
-        abrun.record_check(results, arm, got)
-        if not os.path.realpath(got["arm"]["cupy_from"]).startswith(os.path.realpath(args.site) + os.sep):
-            raise SystemExit("arm %s imported cupy from %s, not from --site %s" % (arm["name"], got["arm"]["cupy_from"],
-                                                                                 args.site))
-        want = os.path.join(args.bins[arm["nvcc"]], "nvcc")
-        if os.path.realpath(got["arm"]["nvcc_on_path"] or "") != os.path.realpath(want):
-            raise SystemExit("arm %s: nvcc on PATH is %s, not the wrapper %s" % (arm["name"], got["arm"]["nvcc_on_path"],
-                                                                                 want))
+        record_check(results, arm, got, args)
     first = results["checks"][arms[0]["name"]]
     results["machine"].update({k: first.get(k) for k in ("cupy", "driver", "runtime", "compute_capability")})
     plan = abrun.plan(args.rounds, lambda r: _round_arms(arms, r, args.stock13_rounds))
