@@ -86,7 +86,7 @@ def check_fleet(arm, fleet, caches, log, args):
     """``ptxbackend cache info`` of the arm's tree against ``fleet``: its 'remote:' line, which must say
     reachable (a wrong URL, key or password would otherwise time local compiles as fleet hits)."""
     env = child_env(arm, caches, log, args, fleet.env("rw"))
-    env["PYTHONPATH"] = arm["dir"]
+    env["PYTHONPATH"] = arm["dir"] + os.pathsep + args.site  # the site: filelock and platformdirs on the H200
     os.makedirs(caches["ptxbackend"], exist_ok=True)
     done = subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "info"], env=env, cwd=tempfile.gettempdir(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=120)
