@@ -68,9 +68,10 @@ class Fleet(object):
             f.write(os.urandom(32).hex() + "\n")
         try:
             self.server.start()
-        except (OSError, RuntimeError) as exc:
-            raise SystemExit("chainer_fleet: the valkey-server %s did not start: %s"
-                             % (self.server.binary, str(exc).strip().splitlines()[-1][:300] if str(exc) else exc))
+        except (OSError, RuntimeError) as exc:  # RuntimeError: it exited or never answered (its log says why)
+            log = [line for line in self.server.read_log().splitlines() if line.strip()]
+            detail = log[-1] if log else (str(exc) if isinstance(exc, OSError) else "no log")
+            raise SystemExit("chainer_fleet: the valkey-server %s did not start: %s" % (self.server.binary, detail[:300]))
         return self
 
     def __exit__(self, *exc):
