@@ -28,7 +28,6 @@ benchmarks/device/issue27-fleet.sh.
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -250,10 +249,7 @@ def main(argv=None):
     p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR", help="a ptxbackend source tree arm")
     p.add_argument("--b-mode", choices=("ro", "rw"), default="ro",
                    help="machine B's PTXBACKEND_REMOTE_MODE (default ro, a line PC's; A is rw)")
-    p.add_argument("--site", default=os.environ.get("CHAINER_AB_SITE"),
-                   help="the folder Chainer 1.24 (its cupy), numpy 1.26, six, filelock are installed in (--target)")
-    p.add_argument("--nvcc112", default=os.environ.get("CHAINER_AB_NVCC112", "/tmp/tk/nvcc112/bin/nvcc112"),
-                   help="the real nvcc 11.2 (default /tmp/tk/nvcc112/bin/nvcc112)")
+    chainer_ab.add_site_options(p)
     abrun.add_run_options(p, child_timeout=150,
                           budget_help="start no round that would end past this many seconds (from the longest "
                                       "round so far)",
@@ -263,23 +259,9 @@ def main(argv=None):
     t_main = time.perf_counter()
     if args.rounds < 1 or args.kernels < 1:
         p.error("--rounds and --kernels must be at least 1")
-    if not args.dry_run and not args.out:
-        p.error("--out is needed (or --dry-run)")
-    if not args.site or not os.path.isfile(os.path.join(args.site, "cupy", "cuda", "compiler.py")):
-        p.error("--site %r: no cupy/cuda/compiler.py there (pip install --target SITE the Chainer 1.24 wheel)"
-                % (args.site,))
-    args.site = os.path.abspath(args.site)
-    if not (os.path.isfile(args.nvcc112) and os.access(args.nvcc112, os.X_OK)):
-        p.error("--nvcc112 %r is not an executable (unpack nvcc112.tar.xz, e.g. to /tmp/tk)" % args.nvcc112)
+    chainer_ab.check_site_options(p, args)
     arms = chainer_ab._parse_arms(args.tree, False)
-    scratch = tempfile.mkdtemp(prefix="chainer-fleet-")
-    try:
-        return _run(args, arms, scratch, t_main)
-    finally:
-        if args.keep_caches and not args.dry_run:
-            print("caches kept in", scratch)
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+    return abrun.in_scratch("chainer-fleet-", args, lambda scratch: _run(args, arms, scratch, t_main))
 
 
 def _check(args, arms, scratch, results):
