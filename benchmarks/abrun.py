@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -234,6 +235,18 @@ def precompile(paths):
     # Bytecode now, so that no arm's first child pays for compiling the tree's (or a site's) .py files.
     subprocess.run([sys.executable, "-m", "compileall", "-q"] + [p for p in paths if os.path.exists(p)],
                    capture_output=True)
+
+
+def in_scratch(prefix, args, run):
+    """``run(scratch)`` in a fresh folder, removed afterwards unless --keep-caches keeps it (then printed)."""
+    scratch = tempfile.mkdtemp(prefix=prefix)
+    try:
+        return run(scratch)
+    finally:
+        if args.keep_caches and not args.dry_run:
+            print("caches kept in", scratch)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- the parent: children

@@ -145,6 +145,9 @@ def child(args):
     report.update(abrun.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
     if tree:
         report["artifacts"] = _summarise_artifacts(records)
+        import ptxbackend
+        if hasattr(ptxbackend, "cache_counters"):  # 0.2.0 has none; the fleet mode reads round trips here
+            report["counters"] = ptxbackend.cache_counters()
     report["y_checksum"] = float(cupy.asnumpy(y).astype(numpy.float64).sum())  # the last kernel's output
     report.update(_cupy_info(cupy))
     abrun.emit(MARK, report)
@@ -358,6 +361,18 @@ def render(results):
     return "\n".join(lines)
 
 
+def record_check(results, arm, got, args):
+    """Keep an arm's check child; stop unless it ran CuPy v1 from --site with the wrapper as ``nvcc``."""
+    abrun.record_check(results, arm, got)
+    if not os.path.realpath(got["arm"]["cupy_from"]).startswith(os.path.realpath(args.site) + os.sep):
+        raise SystemExit("arm %s imported cupy from %s, not from --site %s" % (arm["name"], got["arm"]["cupy_from"],
+                                                                             args.site))
+    want = os.path.join(args.bins[arm["nvcc"]], "nvcc")
+    if os.path.realpath(got["arm"]["nvcc_on_path"] or "") != os.path.realpath(want):
+        raise SystemExit("arm %s: nvcc on PATH is %s, not the wrapper %s" % (arm["name"], got["arm"]["nvcc_on_path"],
+                                                                             want))
+
+
 def _save(results, out):
     abrun.save(results, out, summarise, render)
 
@@ -367,16 +382,33 @@ def _round_arms(arms, r, stock13_rounds):
     return [a for a in abrun.round_order(arms, r) if a["dir"] is not None or r < stock13_rounds]
 
 
+def add_site_options(p):
+    """--site and --nvcc112: Chainer 1.24's site and the old toolkit (this script's and chainer_fleet's)."""
+    p.add_argument("--site", default=os.environ.get("CHAINER_AB_SITE"),
+                   help="the folder Chainer 1.24 (its cupy), numpy 1.26, six, filelock are installed in (--target)")
+    p.add_argument("--nvcc112", default=os.environ.get("CHAINER_AB_NVCC112", "/tmp/tk/nvcc112/bin/nvcc112"),
+                   help="the real nvcc 11.2 (default /tmp/tk/nvcc112/bin/nvcc112)")
+
+
+def check_site_options(p, args):
+    """--out (unless a dry run), --site and --nvcc112 as a run needs them; ``p.error`` otherwise."""
+    if not args.dry_run and not args.out:
+        p.error("--out is needed (or --dry-run)")
+    if not args.site or not os.path.isfile(os.path.join(args.site, "cupy", "cuda", "compiler.py")):
+        p.error("--site %r: no cupy/cuda/compiler.py there (pip install --target SITE the Chainer 1.24 wheel)"
+                % (args.site,))
+    args.site = os.path.abspath(args.site)
+    if not (os.path.isfile(args.nvcc112) and os.access(args.nvcc112, os.X_OK)):
+        p.error("--nvcc112 %r is not an executable (unpack nvcc112.tar.xz, e.g. to /tmp/tk)" % args.nvcc112)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
                    help="a ptxbackend source tree arm; the first is the baseline")
     p.add_argument("--stock13", action="store_true", help="add stock CuPy v1 with CUDA 13's nvcc, for reference")
     p.add_argument("--stock13-rounds", type=int, default=1, help="rounds that include stock13 (default: the first)")
-    p.add_argument("--site", default=os.environ.get("CHAINER_AB_SITE"),
-                   help="the folder Chainer 1.24 (its cupy), numpy 1.26, six, filelock are installed in (--target)")
-    p.add_argument("--nvcc112", default=os.environ.get("CHAINER_AB_NVCC112", "/tmp/tk/nvcc112/bin/nvcc112"),
-                   help="the real nvcc 11.2 (default /tmp/tk/nvcc112/bin/nvcc112)")
+    add_site_options(p)
     p.add_argument("--nvcc13", default=os.environ.get("CHAINER_AB_NVCC13"),
                    help="the real CUDA 13 nvcc for stock13 (default /usr/local/cuda/bin/nvcc, else nvcc on PATH)")
     abrun.add_run_options(p, child_timeout=150,
@@ -389,28 +421,14 @@ def main(argv=None):
     t_main = time.perf_counter()
     if args.rounds < 1 or args.kernels < 1 or args.stock13_rounds < 1:
         p.error("--rounds, --kernels and --stock13-rounds must be at least 1")
-    if not args.dry_run and not args.out:
-        p.error("--out is needed (or --dry-run)")
-    if not args.site or not os.path.isfile(os.path.join(args.site, "cupy", "cuda", "compiler.py")):
-        p.error("--site %r: no cupy/cuda/compiler.py there (pip install --target SITE the Chainer 1.24 wheel)"
-                % (args.site,))
-    args.site = os.path.abspath(args.site)
-    if not (os.path.isfile(args.nvcc112) and os.access(args.nvcc112, os.X_OK)):
-        p.error("--nvcc112 %r is not an executable (unpack nvcc112.tar.xz, e.g. to /tmp/tk)" % args.nvcc112)
+    check_site_options(p, args)
     arms = _parse_arms(args.tree, args.stock13)
     if args.stock13:
         args.nvcc13 = args.nvcc13 or ("/usr/local/cuda/bin/nvcc" if os.access("/usr/local/cuda/bin/nvcc", os.X_OK)
                                       else shutil.which("nvcc"))
         if not args.nvcc13:
             p.error("--stock13: no CUDA 13 nvcc found (give --nvcc13)")
-    scratch = tempfile.mkdtemp(prefix="chainer-ab-")
-    try:
-        return _run(args, arms, scratch, t_main)
-    finally:
-        if args.keep_caches and not args.dry_run:
-            print("caches kept in", scratch)
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+    return abrun.in_scratch("chainer-ab-", args, lambda scratch: _run(args, arms, scratch, t_main))
 
 
 _CACHES = ("cupy", "ptxbackend", "cuda_jit", "home")  # home: CuPy v1's ~/.cupy
@@ -434,14 +452,7 @@ def _run(args, arms, scratch, t_main):
     for arm in arms:
         got = run_child("check", arm, abrun.arm_caches(scratch, "check", arm, _CACHES),
                         os.path.join(scratch, "check", arm["name"], "nvcc.log"), args)
-        abrun.record_check(results, arm, got)
-        if not os.path.realpath(got["arm"]["cupy_from"]).startswith(os.path.realpath(args.site) + os.sep):
-            raise SystemExit("arm %s imported cupy from %s, not from --site %s" % (arm["name"], got["arm"]["cupy_from"],
-                                                                                 args.site))
-        want = os.path.join(args.bins[arm["nvcc"]], "nvcc")
-        if os.path.realpath(got["arm"]["nvcc_on_path"] or "") != os.path.realpath(want):
-            raise SystemExit("arm %s: nvcc on PATH is %s, not the wrapper %s" % (arm["name"], got["arm"]["nvcc_on_path"],
-                                                                                 want))
+        record_check(results, arm, got, args)
     first = results["checks"][arms[0]["name"]]
     results["machine"].update({k: first.get(k) for k in ("cupy", "driver", "runtime", "compute_capability")})
     plan = abrun.plan(args.rounds, lambda r: _round_arms(arms, r, args.stock13_rounds))
