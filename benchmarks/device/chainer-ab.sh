@@ -29,10 +29,12 @@ say "setup done in ${SECONDS}s"
 
 nvcc13=/usr/local/cuda/bin/nvcc
 [ -x "$nvcc13" ] || nvcc13=$(command -v nvcc)
-budget=$((225 - SECONDS))
+budget=$((${CHAINER_AB_BUDGET_S:-225} - SECONDS))  # from this script's start
+# CHAINER_AB_BUDGET_S (225), CHAINER_AB_ROUNDS (5), CHAINER_AB_STOCK13 (1: the reference arm in round 0)
 # CHAINER_AB_EXTRA: more arguments, e.g. --dry-run to check the setup on a machine without a GPU
 timeout 260 "$PY" benchmarks/chainer_ab.py --site "$site" --nvcc112 "$nvcc112" --nvcc13 "$nvcc13" \
-  --tree 0.2.0=/tmp/pb020 --tree now="$PWD" --stock13 --rounds 5 --budget-s "$budget" --child-timeout 120 \
+  --tree 0.2.0=/tmp/pb020 --tree now="$PWD" $([ "${CHAINER_AB_STOCK13:-1}" = 1 ] && echo --stock13) \
+  --rounds "${CHAINER_AB_ROUNDS:-5}" --budget-s "$budget" --child-timeout 120 \
   --out "$OUT/chainer-ab" ${CHAINER_AB_EXTRA:-} > "$OUT/chainer-ab.log" 2>&1
 echo "rc=$? after ${SECONDS}s"
 grep -E "^(toolkit|check|round|budget)" "$OUT/chainer-ab.log" | cut -c1-300

@@ -33,9 +33,9 @@ install -m 0755 .device/fleet/valkey-server /tmp/issue27-valkey-server || exit 2
 . benchmarks/device/chainer-setup.sh  # sets nvcc112
 say "setup done in ${SECONDS}s"
 
-budget=$((225 - SECONDS))
+budget=$((${CHAINER_FLEET_BUDGET_S:-225} - SECONDS))  # from this script's start; CHAINER_FLEET_ROUNDS (3)
 timeout 260 "$PY" benchmarks/chainer_fleet.py --fleet /tmp/issue27-valkey-server --site "$site" \
-  --nvcc112 "$nvcc112" --tree now="$PWD" --rounds 3 --budget-s "$budget" --child-timeout 120 \
+  --nvcc112 "$nvcc112" --tree now="$PWD" --rounds "${CHAINER_FLEET_ROUNDS:-3}" --budget-s "$budget" --child-timeout 120 \
   --out "$OUT/chainer-fleet" ${CHAINER_FLEET_EXTRA:-} > "$OUT/chainer-fleet.log" 2>&1
 echo "rc=$? after ${SECONDS}s"
 grep -E "^(toolkit|fleet|round|budget|dry run)" "$OUT/chainer-fleet.log" | cut -c1-300
