@@ -1,0 +1,126 @@
+"""Fill the driver's JIT cache for a library in parallel: its fatbin images, shared among processes.
+
+A library's CUDA runtime loads (and the driver JIT-compiles) its modules one
+after the other when it starts: for cuDNN 7 on an H200 that is many minutes on
+one core.  The driver's JIT cache is keyed by what it compiles, so loading the
+*same* fatbin image with plain cuModuleLoadData in another process (the driver
+picks the same PTX entry, with the same default options) fills the entries the
+library's runtime looks up later.  :func:`warm` splits the images that need the
+JIT among ``jobs`` worker processes, balanced by PTX size, largest first; the
+caller then starts the library itself once (libwarm's verification child), whose
+short start is the proof that the keys matched.
+
+Run as ``python -m ptxbackend.libjit`` it is one worker: it reads ``{"path",
+"ranges"}`` as JSON on stdin and prints one JSON line with its counts and time.
+Nothing from the library names a program to run: workers are this package's own
+module, given file offsets of a library this machine's discovery found or the
+user named.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from .fatbin import MAGIC, read_images  # noqa: F401 (read_images: the callers' first step)
+
+_MAX_ERRORS = 5  # refusals quoted per worker; the rest are only counted
+
+
+def plan(images, cc):
+    """Split ``images`` by what the driver does with them on compute capability ``cc``."""
+    groups = {"sass": [], "jit": [], "none": []}
+    for image in images:
+        groups[image.needs(cc)].append(image)
+    return groups
+
+
+def shares(images, jobs):
+    """``jobs`` lists of images whose PTX sizes are balanced: largest first, each to the lightest list."""
+    lists = [[] for _ in range(max(1, min(jobs, len(images))))]
+    loads = [0] * len(lists)
+    for image in sorted(images, key=lambda i: (-i.ptx_bytes, i.offset)):
+        lightest = loads.index(min(loads))
+        lists[lightest].append(image)
+        loads[lightest] += image.ptx_bytes
+    return [share for share in lists if share]
+
+
+def _start_worker(path, share, env):
+    proc = subprocess.Popen([sys.executable, "-m", "ptxbackend.libjit"], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    # The worker reads all of stdin before any CUDA call, so this write does not wait for its JIT.
+    proc.stdin.write(json.dumps({"path": path, "ranges": [[i.offset, i.size] for i in share]}))
+    proc.stdin.close()
+    return proc
+
+
+def _finish_worker(proc, number):
+    stdout = proc.stdout.read()
+    stderr = proc.stderr.read()
+    proc.wait()
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            result = json.loads(line)
+            result["worker"] = number
+            return result
+    reason = (stderr.strip().splitlines() or ["exit status %d" % proc.returncode])[-1]
+    return {"worker": number, "failed": reason[:500], "loaded": 0, "refused": 0, "seconds": None}
+
+
+def warm(path, images, env, jobs, cc):
+    """Load each of ``images`` (:func:`read_images` of ``path``) that needs the JIT on ``cc`` in ``jobs``
+    processes run with ``env``.
+
+    Returns the counts (images found, skipped because they carry SASS for this
+    GPU or no code it can use, loaded, refused), the PTX bytes, each worker's
+    seconds, their sum (an estimate of the serial warm-up this replaces) and the
+    wall seconds.
+    """
+    groups = plan(images, cc)
+    started = time.perf_counter()
+    procs = [_start_worker(path, share, env) for share in shares(groups["jit"], jobs)]
+    workers = [_finish_worker(proc, n) for n, proc in enumerate(procs)]
+    wall = time.perf_counter() - started
+    seconds = [w["seconds"] for w in workers if w.get("seconds") is not None]
+    return {"images": len(images), "skipped_sass": len(groups["sass"]), "skipped_no_code": len(groups["none"]),
+            "to_load": len(groups["jit"]), "loaded": sum(w["loaded"] for w in workers),
+            "refused": sum(w["refused"] for w in workers), "ptx_bytes": sum(i.ptx_bytes for i in groups["jit"]),
+            "jobs": len(workers), "workers": workers, "worker_seconds_sum": sum(seconds), "wall_s": wall,
+            "device_cc": cc, "failed_workers": [w["failed"] for w in workers if w.get("failed")],
+            "errors": [e for w in workers for e in w.get("errors", [])][:_MAX_ERRORS]}
+
+
+def worker(request):
+    """Load and unload each ``[offset, size]`` fatbin image of ``request['path']``; the counts and time."""
+    from . import driver
+    from .errors import DriverError
+    driver.ensure_context()
+    started = time.perf_counter()
+    loaded, refused, errors = 0, 0, []
+    with open(request["path"], "rb") as handle:
+        for offset, size in request["ranges"]:
+            handle.seek(offset)
+            image = handle.read(size)
+            # The file could have changed since the parent parsed it: load only what is still a fatbin.
+            if len(image) != size or image[:4] != MAGIC.to_bytes(4, "little"):
+                refused += 1
+                errors.append("offset %d: no longer a fatbin image (the library changed?)" % offset)
+                continue
+            try:
+                driver.jit_image(image)
+                loaded += 1
+            except DriverError as exc:
+                refused += 1
+                errors.append("offset %d: %s" % (offset, " ".join(str(exc).split())[:300]))
+    return {"loaded": loaded, "refused": refused, "seconds": time.perf_counter() - started,
+            "errors": errors[:_MAX_ERRORS]}
+
+
+if __name__ == "__main__":
+    try:
+        print(json.dumps(worker(json.loads(sys.stdin.read()))))
+    except Exception as exc:  # the parent shows one line: what failed, not where in this file
+        sys.stderr.write("%s\n" % (" ".join(str(exc).split()) or type(exc).__name__))
+        sys.exit(1)

@@ -1,0 +1,307 @@
+"""`warm --libs` in parallel: the fatbin images of a real library, found, classified, split, refused.
+
+The libraries are real: built here with nvcc (one PTX-only, one SASS-only), and cuDNN 7.1 from
+cupy-cuda80 7.8.0 where this machine has it (PTXBACKEND_TEST_CUDNN7, default
+/tmp/ptxb-cudnn7-build/libcudnn.so.7).  Each refusal is tested on a copy of a built library that
+is valid in every other respect.  The GPU test runs the whole path on a GPU.
+"""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from ptxbackend import fatbin, libjit
+from ptxbackend.fatbin import FatbinError
+
+CUDNN7 = os.environ.get("PTXBACKEND_TEST_CUDNN7", "/tmp/ptxb-cudnn7-build/libcudnn.so.7")
+
+KERNELS = {
+    "add.cu": 'extern "C" __global__ void add1(float *x, int n)\n'
+              '{ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }\n'
+              '// The library\'s own use of its kernel, through its own CUDA runtime: the GPU test\'s check.\n'
+              'extern "C" int ptxb_touch(void) { float *p; if (cudaMalloc(&p, 1024)) return 1;\n'
+              '  add1<<<1, 256>>>(p, 256); int rc = (int)cudaDeviceSynchronize(); cudaFree(p); return rc; }\n',
+    "mul.cu": 'extern "C" __global__ void mul2(float *x, int n)\n'
+              '{ int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }\n',
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, nvcc13):
+    """{'ptx': path of a PTX-only (compute_75) library, 'sass': a SASS-only (sm_80, sm_90) one}."""
+    work = tmp_path_factory.mktemp("libjit")
+    sources = []
+    for name, text in KERNELS.items():
+        (work / name).write_text(text)
+        sources.append(str(work / name))
+    libs = {}
+    # compute_75: the oldest PTX target CUDA 13's nvcc still emits (compute_52 needs an older nvcc).
+    sass = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
+    for kind, gencode in (("ptx", ["-gencode", "arch=compute_75,code=compute_75"]), ("sass", sass)):
+        out = str(work / ("lib%s.so" % kind))
+        subprocess.check_call([nvcc13, "-shared", "-Xcompiler", "-fPIC"] + gencode + ["-o", out] + sources,
+                              cwd=str(work))
+        libs[kind] = out
+    return libs
+
+
+def _copy(tmp_path, path, name="libcopy.so"):
+    target = str(tmp_path / name)
+    shutil.copyfile(path, target)
+    return target
+
+
+def _patch(path, offset, fmt, *values):
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(struct.pack(fmt, *values))
+
+
+def _shdr(path, index):
+    """File offset of section header ``index`` of a 64-bit ELF."""
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+    shoff, = struct.unpack_from("<Q", head, 0x28)
+    shentsize, = struct.unpack_from("<H", head, 0x3A)
+    return shoff + index * shentsize
+
+
+def _section_index(path, wanted):
+    with open(path, "rb") as handle:
+        sections = fatbin._section_headers(handle, os.path.getsize(path), path)
+    return [s[0] for s in sections].index(wanted)
+
+
+def _one_line(exc_info):
+    message = str(exc_info.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+# --------------------------------------------------------------------------- finding and classifying
+
+def test_ptx_only_library_needs_the_jit_on_newer_gpus(built):
+    images = fatbin.read_images(built["ptx"])
+    with_ptx = [i for i in images if i.archs("ptx")]
+    assert len(with_ptx) >= 2  # one image per .cu file
+    for image in with_ptx:
+        assert image.archs("ptx") == [75] and image.archs("sass") == []
+        assert image.ptx_bytes > 100
+        assert image.needs(90) == "jit" and image.needs(75) == "jit"
+        assert image.needs(70) == "none"  # compute_75 PTX is too new for a 7.0 GPU
+
+
+def test_sass_only_library_needs_no_jit_where_its_machine_code_runs(built):
+    images = [i for i in fatbin.read_images(built["sass"]) if i.archs("sass")]
+    assert len(images) >= 2
+    for image in images:
+        assert image.archs("sass") == [80, 90] and image.archs("ptx") == [] and image.ptx_bytes == 0
+        assert image.needs(90) == "sass" and image.needs(86) == "sass"  # same major, not newer
+        assert image.needs(75) == "none" and image.needs(100) == "none"  # no PTX to JIT anywhere else
+
+
+def test_images_lie_where_the_file_says(built):
+    with open(built["ptx"], "rb") as handle:
+        data = handle.read()
+    for image in fatbin.read_images(built["ptx"]):
+        assert data[image.offset:image.offset + 4] == struct.pack("<I", fatbin.MAGIC)
+        assert image.size >= 16  # nvcc also emits an empty image (the device link's) for -shared
+
+
+def test_shares_are_balanced_by_ptx_size_largest_first():
+    images = [fatbin.Image(n, 100, [fatbin.Entry("ptx", 52, size)]) for n, size in enumerate([50, 40, 30, 20, 10, 10])]
+    shares = libjit.shares(images, 3)
+    assert [[i.ptx_bytes for i in share] for share in shares] == [[50, 10], [40, 10], [30, 20]]
+    assert len(libjit.shares(images[:2], 16)) == 2  # never more workers than images
+    assert libjit.shares([], 4) == []
+
+
+def test_plan_groups_by_what_the_driver_does(built):
+    images = fatbin.read_images(built["ptx"]) + fatbin.read_images(built["sass"])
+    groups = libjit.plan(images, 90)
+    assert len(groups["jit"]) >= 2 and len(groups["sass"]) >= 2
+    assert sum(len(g) for g in groups.values()) == len(images)
+
+
+@pytest.mark.skipif(not os.path.isfile(CUDNN7), reason="cuDNN 7.1 of cupy-cuda80 7.8.0 not on this machine")
+def test_cudnn7_holds_ptx_only_images_for_the_h200():
+    images = fatbin.read_images(CUDNN7)
+    groups = libjit.plan(images, 90)
+    # Measured on cupy-cuda80 7.8.0's libcudnn.so.7 (sha256 f7f1afa9...): 233 images in .nv_fatbin, 184
+    # with PTX the H200 can JIT (none with sm_90 SASS), 49 with only SASS for older GPUs.
+    assert (len(images), len(groups["jit"]), len(groups["sass"]), len(groups["none"])) == (233, 184, 0, 49)
+    assert sum(i.ptx_bytes for i in groups["jit"]) == 269211580  # uncompressed PTX; 51.6 MB stored
+
+
+# --------------------------------------------------------------------------- refusals
+
+def test_not_an_elf_file(tmp_path):
+    path = tmp_path / "libfake.so"
+    path.write_text("INPUT(libm.so.6)\n" * 10)  # a linker script, as some lib*.so are
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(str(path))
+    assert "not an ELF file" in _one_line(exc)
+
+
+def test_big_endian_elf(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    _patch(path, 5, "<B", 2)
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "big-endian" in _one_line(exc)
+
+
+def test_section_header_size_too_small(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    _patch(path, 0x3A, "<H", 0)  # e_shentsize
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "section headers of 0 bytes" in _one_line(exc)
+
+
+def test_section_name_table_index_out_of_range(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    _patch(path, 0x3E, "<H", 999)  # e_shstrndx
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "section-name table index 999" in _one_line(exc)
+
+
+def test_section_name_table_outside_the_file(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    with open(path, "rb") as handle:
+        head = handle.read(64)
+    strndx, = struct.unpack_from("<H", head, 0x3E)
+    _patch(path, _shdr(path, strndx) + 32, "<Q", 1 << 50)  # sh_size: never allocated
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "section-name table" in _one_line(exc)
+
+
+def test_fatbin_section_outside_the_file(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    _patch(path, _shdr(path, _section_index(path, ".nv_fatbin")) + 32, "<Q", 1 << 50)
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "(.nv_fatbin) claims" in _one_line(exc)
+
+
+def test_truncated_copy(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) * 2 // 3)
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "past the end" in _one_line(exc)
+
+
+def test_garbage_between_images(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    second = fatbin.read_images(path)[1]
+    _patch(path, second.offset, "<I", 0xDEADBEEF)  # an image's magic overwritten
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "neither zero padding nor a fatbin header" in _one_line(exc)
+
+
+def test_image_larger_than_its_section(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    first = fatbin.read_images(path)[0]
+    _patch(path, first.offset + 8, "<Q", 1 << 40)
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "fatbin image at offset %d claims" % first.offset in _one_line(exc)
+
+
+def test_image_header_shorter_than_a_fatbin_header(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    first = fatbin.read_images(path)[0]
+    _patch(path, first.offset + 6, "<H", 0)
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "fatbin image at offset %d claims 0 +" % first.offset in _one_line(exc)
+
+
+def test_entry_larger_than_its_image(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    image = [i for i in fatbin.read_images(path) if i.archs("ptx")][0]
+    _patch(path, image.offset + 16 + 8, "<Q", 1 << 40)  # the first entry's stored size
+    with pytest.raises(FatbinError) as exc:
+        fatbin.read_images(path)
+    assert "fatbin entry at offset %d claims" % (image.offset + 16) in _one_line(exc)
+
+
+def test_entry_header_of_zero_bytes_ends(tmp_path, built):
+    """An entry claiming no header and no payload would be read again forever: a hang, not an error."""
+    path = _copy(tmp_path, built["ptx"])
+    image = [i for i in fatbin.read_images(path) if i.archs("ptx")][0]
+    _patch(path, image.offset + 16 + 4, "<IQ", 0, 0)  # header size, stored size
+    code = "import sys; from ptxbackend import fatbin\ntry: fatbin.read_images(sys.argv[1])\n" \
+           "except fatbin.FatbinError as exc: print(exc)"
+    out = subprocess.check_output([sys.executable, "-c", code, path], timeout=60, cwd=REPO).decode()
+    assert "fatbin entry at offset %d claims 0 + 0 bytes" % (image.offset + 16) in out
+
+
+def test_cli_names_a_malformed_library_in_one_line(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"], "libbroken.so")
+    second = fatbin.read_images(path)[1]
+    _patch(path, second.offset, "<I", 0)
+    _patch(path, second.offset + 4, "<I", 0x12345678)
+    env = dict(os.environ, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"), CUDA_CACHE_PATH=str(tmp_path / "jit"))
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "warm", "--libs", path, "--jobs", "2"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, cwd=REPO)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stdout + proc.stderr
+    failed = [line for line in proc.stdout.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and "neither zero padding nor a fatbin header" in failed[0]
+
+
+def test_workers_that_cannot_start_are_reported(tmp_path, built):
+    """A worker that fails (here: no usable driver) is one line in the report, not a traceback or a hang."""
+    env = dict(os.environ, PTXBACKEND_LIBCUDA=str(tmp_path / "libcuda-missing.so.1"))
+    report = libjit.warm(built["ptx"], fatbin.read_images(built["ptx"]), env, 2, 90)
+    assert report["jobs"] == 2 and report["loaded"] == 0 and len(report["failed_workers"]) == 2
+    assert all("libcuda-missing" in line and "\n" not in line for line in report["failed_workers"])
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not __import__('conftest').gpu_available()", reason="needs an NVIDIA GPU and driver")
+def test_parallel_warm_fills_the_cache_the_library_itself_reads(tmp_path, built):
+    """warm --libs --jobs 2 JITs the PTX-only library's images; its own runtime then JITs nothing."""
+    jit = str(tmp_path / "jit")
+    env = dict(os.environ, CUDA_CACHE_PATH=jit, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("CUDA_CACHE_DISABLE", None)
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "warm", "--libs", built["ptx"], "--jobs", "2"],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 workers" in proc.stdout and "0 refused" in proc.stdout and "WARNING" not in proc.stdout
+    from ptxbackend.libwarm import tree_size
+    filled = tree_size(jit)
+    assert filled > 0
+    # The library's own kernel launch in a fresh process: a cache hit adds nothing to the driver's cache.
+    touch = "import ctypes, sys; sys.exit(ctypes.CDLL(sys.argv[1]).ptxb_touch())"
+    subprocess.check_call([sys.executable, "-c", touch, built["ptx"]], env=env)
+    assert tree_size(jit) == filled
+    # The control: over an empty cache, the same launch JITs and writes.
+    empty = dict(env, CUDA_CACHE_PATH=str(tmp_path / "jit-empty"))
+    subprocess.check_call([sys.executable, "-c", touch, built["ptx"]], env=empty)
+    assert tree_size(str(tmp_path / "jit-empty")) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not __import__('conftest').gpu_available()", reason="needs an NVIDIA GPU and driver")
+def test_worker_refuses_a_range_that_is_no_longer_a_fatbin(built):
+    image = [i for i in fatbin.read_images(built["ptx"]) if i.archs("ptx")][0]
+    request = {"path": built["ptx"], "ranges": [[image.offset + 1, image.size], [image.offset, image.size]]}
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend.libjit"], input=json.dumps(request),
+                          stdout=subprocess.PIPE, universal_newlines=True, cwd=REPO, check=True)
+    report = json.loads(proc.stdout)
+    assert (report["loaded"], report["refused"]) == (1, 1) and "no longer a fatbin" in report["errors"][0]
