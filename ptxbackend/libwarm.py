@@ -163,8 +163,13 @@ def warm_library(name_or_path, jit_dir=None, jobs=1):
     parallel = None
     if jobs > 1:
         from . import driver, libjit
+        from .errors import DriverError
         images = libjit.read_images(path)  # a malformed library is named before any CUDA call
-        parallel = libjit.warm(path, images, env, jobs, driver.compute_capability(driver.current_device()))
+        try:
+            cc = driver.compute_capability(driver.current_device())
+        except DriverError as exc:
+            raise RuntimeError("JIT-compiling %s needs the GPU: %s" % (path, exc))
+        parallel = libjit.warm(path, images, env, jobs, cc)
         parallel["jit_cache_growth_bytes"] = max(tree_size(cache_dir) - before, 0)
     checked_from = tree_size(cache_dir)
     first = _run_child(kind, path, env)
