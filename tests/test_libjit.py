@@ -317,3 +317,37 @@ def test_worker_refuses_a_range_that_is_no_longer_a_fatbin(built):
                           stdout=subprocess.PIPE, universal_newlines=True, cwd=REPO, check=True)
     report = json.loads(proc.stdout)
     assert (report["loaded"], report["refused"]) == (1, 1) and "no longer a fatbin" in report["errors"][0]
+
+
+def _report(first_growth, failed=()):
+    """A warm_library result as the parallel path returns it (the numbers of a cuDNN-sized library)."""
+    workers = [{"worker": n, "loaded": 46, "refused": 0, "seconds": 100.0 + n, "errors": []} for n in range(4)]
+    parallel = {"images": 233, "skipped_sass": 0, "skipped_no_code": 49, "to_load": 184, "loaded": 184,
+                "refused": 0, "ptx_bytes": 269211580, "jobs": 4, "workers": workers, "worker_seconds_sum": 406.0,
+                "wall_s": 104.0, "device_cc": 90, "failed_workers": list(failed), "errors": [],
+                "jit_cache_growth_bytes": 300 << 20}
+    return {"parallel": parallel, "first": {"first_call_s": 2.5, "total_s": 3.0}, "first_growth_bytes": first_growth}
+
+
+def test_report_says_what_the_parallel_jit_did(capsys):
+    from ptxbackend.cli import _print_parallel
+    _print_parallel(_report(first_growth=0))
+    out = capsys.readouterr().out
+    assert "233 fatbin images, 0 skipped (SASS for this GPU), 49 skipped (no code it can use), 184 loaded" in out
+    assert "256.7 MiB of PTX; 4 workers 100.0/101.0/102.0/103.0 s, sum 406.0 s" in out and "wall 104.0 s" in out
+    assert "own start then took 2.50 s and grew the JIT cache 0.0 MiB" in out and "WARNING" not in out
+
+
+def test_report_says_plainly_when_the_library_still_jit_compiled(capsys):
+    """The library's own start wrote as much JIT output again: the workers' loads missed its cache keys."""
+    from ptxbackend.cli import _print_parallel
+    _print_parallel(_report(first_growth=290 << 20))
+    out = capsys.readouterr().out
+    assert "WARNING: the library's own start still JIT-compiled" in out and "keys did not match" in out
+
+
+def test_report_names_a_failed_worker_and_warns(capsys):
+    from ptxbackend.cli import _print_parallel
+    _print_parallel(_report(first_growth=0, failed=["CUDA_ERROR_OUT_OF_MEMORY: out of memory"]))
+    out = capsys.readouterr().out
+    assert "    CUDA_ERROR_OUT_OF_MEMORY: out of memory" in out and "a worker failed" in out
