@@ -61,6 +61,11 @@ class Image(object):
     def ptx_bytes(self):
         return sum(e.text_bytes for e in self.entries if e.kind == "ptx")
 
+    def jit_bytes(self, cc):
+        """Bytes of the PTX the driver JIT-compiles on ``cc``: the newest PTX entry not newer than it."""
+        usable = [e for e in self.entries if e.kind == "ptx" and e.arch <= cc]
+        return max(usable, key=lambda e: e.arch).text_bytes if usable else 0
+
     def needs(self, cc):
         """``'sass'``: machine code runs on compute capability ``cc`` (same major, not newer), no JIT;
         ``'jit'``: the driver JIT-compiles a PTX entry not newer than ``cc``; ``'none'``: no code it can use."""

@@ -36,14 +36,15 @@ def plan(images, cc):
     return groups
 
 
-def shares(images, jobs):
-    """``jobs`` lists of images whose PTX sizes are balanced: largest first, each to the lightest list."""
+def shares(images, jobs, cc):
+    """``jobs`` lists of images with balanced sizes of the PTX the driver JIT-compiles on ``cc``: largest
+    first, each to the lightest list."""
     lists = [[] for _ in range(max(1, min(jobs, len(images))))]
     loads = [0] * len(lists)
-    for image in sorted(images, key=lambda i: (-i.ptx_bytes, i.offset)):
+    for image in sorted(images, key=lambda i: (-i.jit_bytes(cc), i.offset)):
         lightest = loads.index(min(loads))
         lists[lightest].append(image)
-        loads[lightest] += image.ptx_bytes
+        loads[lightest] += image.jit_bytes(cc)
     return [share for share in lists if share]
 
 
@@ -80,13 +81,13 @@ def warm(path, images, env, jobs, cc):
     """
     groups = plan(images, cc)
     started = time.perf_counter()
-    procs = [_start_worker(path, share, env) for share in shares(groups["jit"], jobs)]
+    procs = [_start_worker(path, share, env) for share in shares(groups["jit"], jobs, cc)]
     workers = [_finish_worker(proc, n) for n, proc in enumerate(procs)]
     wall = time.perf_counter() - started
     seconds = [w["seconds"] for w in workers if w.get("seconds") is not None]
     return {"images": len(images), "skipped_sass": len(groups["sass"]), "skipped_no_code": len(groups["none"]),
             "to_load": len(groups["jit"]), "loaded": sum(w["loaded"] for w in workers),
-            "refused": sum(w["refused"] for w in workers), "ptx_bytes": sum(i.ptx_bytes for i in groups["jit"]),
+            "refused": sum(w["refused"] for w in workers), "ptx_bytes": sum(i.jit_bytes(cc) for i in groups["jit"]),
             "jobs": len(workers), "workers": workers, "worker_seconds_sum": sum(seconds), "wall_s": wall,
             "device_cc": cc, "failed_workers": [w["failed"] for w in workers if w.get("failed")],
             "errors": [e for w in workers for e in w.get("errors", [])][:_MAX_ERRORS]}

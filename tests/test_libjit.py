@@ -116,10 +116,16 @@ def test_images_lie_where_the_file_says(built):
 
 def test_shares_are_balanced_by_ptx_size_largest_first():
     images = [fatbin.Image(n, 100, [fatbin.Entry("ptx", 52, size)]) for n, size in enumerate([50, 40, 30, 20, 10, 10])]
-    shares = libjit.shares(images, 3)
+    shares = libjit.shares(images, 3, 90)
     assert [[i.ptx_bytes for i in share] for share in shares] == [[50, 10], [40, 10], [30, 20]]
-    assert len(libjit.shares(images[:2], 16)) == 2  # never more workers than images
-    assert libjit.shares([], 4) == []
+    assert len(libjit.shares(images[:2], 16, 90)) == 2  # never more workers than images
+    assert libjit.shares([], 4, 90) == []
+
+
+def test_only_the_ptx_the_driver_picks_counts():
+    image = fatbin.Image(0, 100, [fatbin.Entry("ptx", 50, 700), fatbin.Entry("ptx", 60, 900),
+                                  fatbin.Entry("sass", 60, 5000)])
+    assert (image.jit_bytes(90), image.jit_bytes(52), image.jit_bytes(35)) == (900, 700, 0)
 
 
 def test_plan_groups_by_what_the_driver_does(built):
@@ -137,6 +143,7 @@ def test_cudnn7_holds_ptx_only_images_for_the_h200():
     # with PTX the H200 can JIT (none with sm_90 SASS), 49 with only SASS for older GPUs.
     assert (len(images), len(groups["jit"]), len(groups["sass"]), len(groups["none"])) == (233, 184, 0, 49)
     assert sum(i.ptx_bytes for i in groups["jit"]) == 269211580  # uncompressed PTX; 51.6 MB stored
+    assert sum(i.jit_bytes(90) for i in groups["jit"]) == 269197390  # what the driver compiles: one per image
 
 
 # --------------------------------------------------------------------------- refusals
