@@ -268,7 +268,7 @@ def _cmd_warm(args):
         results = []
         for name in names:
             try:
-                result = warm_library(name, jit_dir=jit_dir, jobs=args.jobs or default_jobs())
+                result = warm_library(name, jit_dir=jit_dir, jobs=args.jobs or default_jobs(), say=_say)
             except (OSError, RuntimeError, PtxBackendError) as exc:
                 print("  %s: FAILED: %s" % (name, exc))
                 status = 1
@@ -310,6 +310,11 @@ def _cmd_warm(args):
         if jit_dir:
             shutil.rmtree(jit_dir, ignore_errors=True)
     return status
+
+
+def _say(line):
+    sys.stderr.write("  %s\n" % line)  # unbuffered, beside the progress line: seen even if the run is cut
+    sys.stderr.flush()
 
 
 def _print_parallel(result):

@@ -26,6 +26,7 @@ import time
 from .fatbin import MAGIC, read_images  # noqa: F401 (read_images: the callers' first step)
 
 _MAX_ERRORS = 5  # refusals quoted per worker; the rest are only counted
+_SLOW_S = 10.0  # an image whose load takes this long is named on stderr as it finishes
 
 
 def plan(images, cc):
@@ -49,8 +50,9 @@ def shares(images, jobs, cc):
 
 
 def _start_worker(path, share, env):
+    # stderr is ours: a slow image's line reaches the log as it happens, even if a deadline ends the run.
     proc = subprocess.Popen([sys.executable, "-m", "ptxbackend.libjit"], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+                            stdout=subprocess.PIPE, universal_newlines=True)
     # The worker reads all of stdin before any CUDA call, so this write does not wait for its JIT.
     proc.stdin.write(json.dumps({"path": path, "ranges": [[i.offset, i.size] for i in share]}))
     proc.stdin.close()
@@ -59,29 +61,36 @@ def _start_worker(path, share, env):
 
 def _finish_worker(proc, number):
     stdout = proc.stdout.read()
-    stderr = proc.stderr.read()
     proc.wait()
+    result = {"failed": "worker %d ended with exit status %d and no report" % (number, proc.returncode)}
     for line in reversed(stdout.strip().splitlines()):
         if line.startswith("{"):
             result = json.loads(line)
-            result["worker"] = number
-            return result
-    reason = (stderr.strip().splitlines() or ["exit status %d" % proc.returncode])[-1]
-    return {"worker": number, "failed": reason[:500], "loaded": 0, "refused": 0, "seconds": None}
+            break
+    result.setdefault("loaded", 0)
+    result.setdefault("refused", 0)
+    result.setdefault("seconds", None)
+    result["worker"] = number
+    return result
 
 
-def warm(path, images, env, jobs, cc):
+def warm(path, images, env, jobs, cc, say=None):
     """Load each of ``images`` (:func:`read_images` of ``path``) that needs the JIT on ``cc`` in ``jobs``
     processes run with ``env``.
 
     Returns the counts (images found, skipped because they carry SASS for this
     GPU or no code it can use, loaded, refused), the PTX bytes, each worker's
     seconds, their sum (an estimate of the serial warm-up this replaces) and the
-    wall seconds.
+    wall seconds.  ``say``: called with one line as the workers start.
     """
     groups = plan(images, cc)
     started = time.perf_counter()
-    procs = [_start_worker(path, share, env) for share in shares(groups["jit"], jobs, cc)]
+    split = shares(groups["jit"], jobs, cc)
+    if say:
+        say("JIT-compiling %d of the %d fatbin images of %s (%.1f MiB of PTX) in %d processes"
+            % (len(groups["jit"]), len(images), path, sum(i.jit_bytes(cc) for i in groups["jit"]) / 1048576.0,
+               len(split)))
+    procs = [_start_worker(path, share, env) for share in split]
     workers = [_finish_worker(proc, n) for n, proc in enumerate(procs)]
     wall = time.perf_counter() - started
     seconds = [w["seconds"] for w in workers if w.get("seconds") is not None]
@@ -109,9 +118,13 @@ def worker(request):
                 refused += 1
                 errors.append("offset %d: no longer a fatbin image (the library changed?)" % offset)
                 continue
+            began = time.perf_counter()
             try:
                 driver.jit_image(image)
                 loaded += 1
+                if time.perf_counter() - began >= _SLOW_S:
+                    sys.stderr.write("ptxbackend.libjit: image at offset %d (%d of %d here) JIT-compiled in %.1f s\n"
+                                     % (offset, loaded + refused, len(request["ranges"]), time.perf_counter() - began))
             except DriverError as exc:
                 refused += 1
                 errors.append("offset %d: %s" % (offset, " ".join(str(exc).split())[:300]))
@@ -123,5 +136,5 @@ if __name__ == "__main__":
     try:
         print(json.dumps(worker(json.loads(sys.stdin.read()))))
     except Exception as exc:  # the parent shows one line: what failed, not where in this file
-        sys.stderr.write("%s\n" % (" ".join(str(exc).split()) or type(exc).__name__))
+        print(json.dumps({"failed": " ".join(str(exc).split())[:500] or type(exc).__name__}))
         sys.exit(1)

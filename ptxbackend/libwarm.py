@@ -142,13 +142,14 @@ def default_jobs():
     return os.cpu_count() or 1
 
 
-def warm_library(name_or_path, jit_dir=None, jobs=1):
+def warm_library(name_or_path, jit_dir=None, jobs=1, say=None):
     """Initialise a library twice in fresh processes; return the timings and the JIT cache growth.
 
     ``jit_dir``: the driver JIT cache to warm (``CUDA_CACHE_PATH``), instead of the one in effect.
     ``jobs`` > 1: first JIT the library's fatbin images in that many processes
     (:mod:`ptxbackend.libjit`), so the first child below only checks that the
-    cache holds what the library looks up; 1: that child does the whole JIT.
+    cache holds what the library looks up; 1: that child does the whole JIT.  ``say``: gets a line as
+    the workers start (a long warm-up cut short still shows how far it came).
     """
     path = find_library(name_or_path)
     kind = library_kind(path)
@@ -169,7 +170,7 @@ def warm_library(name_or_path, jit_dir=None, jobs=1):
             cc = driver.compute_capability(driver.current_device())
         except DriverError as exc:
             raise RuntimeError("JIT-compiling %s needs the GPU: %s" % (path, exc))
-        parallel = libjit.warm(path, images, env, jobs, cc)
+        parallel = libjit.warm(path, images, env, jobs, cc, say)
         parallel["jit_cache_growth_bytes"] = max(tree_size(cache_dir) - before, 0)
     checked_from = tree_size(cache_dir)
     first = _run_child(kind, path, env)
