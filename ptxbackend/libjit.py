@@ -18,12 +18,11 @@ user named.
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
 
-from .fatbin import MAGIC, read_images  # noqa: F401 (read_images: the callers' first step)
+from .fatbin import MAGIC
 
 _MAX_ERRORS = 5  # refusals quoted per worker; the rest are only counted
 _SLOW_S = 10.0  # an image whose load takes this long is named on stderr as it finishes
@@ -54,8 +53,11 @@ def _start_worker(path, share, env):
     proc = subprocess.Popen([sys.executable, "-m", "ptxbackend.libjit"], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, universal_newlines=True)
     # The worker reads all of stdin before any CUDA call, so this write does not wait for its JIT.
-    proc.stdin.write(json.dumps({"path": path, "ranges": [[i.offset, i.size] for i in share]}))
-    proc.stdin.close()
+    try:
+        proc.stdin.write(json.dumps({"path": path, "ranges": [[i.offset, i.size] for i in share]}))
+        proc.stdin.close()
+    except OSError:
+        pass  # it ended before reading: _finish_worker reports its exit status
     return proc
 
 
@@ -75,7 +77,7 @@ def _finish_worker(proc, number):
 
 
 def warm(path, images, env, jobs, cc, say=None):
-    """Load each of ``images`` (:func:`read_images` of ``path``) that needs the JIT on ``cc`` in ``jobs``
+    """Load each of ``images`` (:func:`ptxbackend.fatbin.read_images` of ``path``) that needs the JIT on ``cc`` in ``jobs``
     processes run with ``env``.
 
     Returns the counts (images found, skipped because they carry SASS for this

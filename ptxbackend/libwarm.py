@@ -165,7 +165,8 @@ def warm_library(name_or_path, jit_dir=None, jobs=1, say=None):
     if jobs > 1:
         from . import driver, libjit
         from .errors import DriverError
-        images = libjit.read_images(path)  # a malformed library is named before any CUDA call
+        from .fatbin import read_images
+        images = read_images(path)  # a malformed library is named before any CUDA call
         try:
             cc = driver.compute_capability(driver.current_device())
         except DriverError as exc:
