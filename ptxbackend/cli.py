@@ -322,9 +322,11 @@ def _print_parallel(result):
     par, first = result["parallel"], result["first"]
     seconds = [w["seconds"] for w in par["workers"] if w.get("seconds") is not None]
     print("  parallel JIT (sm_%d): %d fatbin images, %d skipped (SASS for this GPU), %d skipped (no code it can "
-          "use), %d loaded, %d refused by the driver; %.1f MiB of PTX; %d workers %s s, sum %.1f s (the serial "
-          "warm-up, estimated), wall %.1f s; driver JIT cache grew %.1f MiB" % (
-              par["device_cc"], par["images"], par["skipped_sass"], par["skipped_no_code"], par["loaded"],
+          "use), %d left to the library's start (-rdc, linked at load), %d loaded, %d refused by the driver; "
+          "%.1f MiB of PTX; %d workers %s s, sum %.1f s (the serial warm-up, estimated), wall %.1f s; driver JIT "
+          "cache grew %.1f MiB" % (
+              par["device_cc"], par["images"], par["skipped_sass"], par["skipped_no_code"],
+              par.get("skipped_relocatable", 0), par["loaded"],
               par["refused"], par["ptx_bytes"] / 1048576.0, par["jobs"],
               "/".join("%.1f" % s for s in seconds) or "-", par["worker_seconds_sum"], par["wall_s"],
               par["jit_cache_growth_bytes"] / 1048576.0))

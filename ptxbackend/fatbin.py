@@ -1,8 +1,9 @@
 """Find the fatbin images inside a shared library and tell which need the driver's JIT on a GPU.
 
 A CUDA library keeps its device code in ELF sections that nvcc fills with
-fatbin images (``.nv_fatbin``; ``__nv_relfatbin`` for relocatable device
-code).  Each image starts with a 16-byte header (magic 0xBA55ED50, u16
+fatbin images: ``.nv_fatbin`` holds those its runtime loads one by one;
+``__nv_relfatbin`` (``nvcc -rdc``) holds relocatable images that the runtime
+links together at load time, so they are reported but never warmed alone.  Each image starts with a 16-byte header (magic 0xBA55ED50, u16
 version, u16 header size, u64 payload size) and holds entries: a 64-bit
 header each (kind 1 = PTX, 2 = ELF/SASS; header size; stored size; the
 compressed/uncompressed sizes; PTX ISA or ELF version; the sm/compute
@@ -19,7 +20,10 @@ import struct
 from .errors import PtxBackendError
 
 MAGIC = 0xBA55ED50
+# .nv_fatbin holds the images a library's runtime loads; __nv_relfatbin (nvcc -rdc) relocatable images
+# that the runtime links (cuLink*) at load time, which a plain load of each image does not reproduce.
 SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+RELOCATABLE = "__nv_relfatbin"
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 _IMAGE_HEADER = struct.Struct("<IHHQ")
 # kind, version, header size, stored size, compressed size, (unknown), minor, major, arch, name offset,
@@ -46,13 +50,14 @@ class Entry(object):
 
 
 class Image(object):
-    """One fatbin image: where it is in the file (``offset``, ``size``) and its entries."""
-    __slots__ = ("offset", "size", "entries")
+    """One fatbin image: where it is in the file (``offset``, ``size``), its entries, its section."""
+    __slots__ = ("offset", "size", "entries", "section")
 
-    def __init__(self, offset, size, entries):
+    def __init__(self, offset, size, entries, section=".nv_fatbin"):
         self.offset = offset
         self.size = size
         self.entries = entries
+        self.section = section
 
     def archs(self, kind):
         return sorted(e.arch for e in self.entries if e.kind == kind)
@@ -68,7 +73,10 @@ class Image(object):
 
     def needs(self, cc):
         """``'sass'``: machine code runs on compute capability ``cc`` (same major, not newer), no JIT;
-        ``'jit'``: the driver JIT-compiles a PTX entry not newer than ``cc``; ``'none'``: no code it can use."""
+        ``'jit'``: the driver JIT-compiles a PTX entry not newer than ``cc``; ``'none'``: no code it can use;
+        ``'relocatable'``: an -rdc image the runtime links with others, never loaded alone."""
+        if self.section == RELOCATABLE:
+            return "relocatable"
         if any(arch // 10 == cc // 10 and arch <= cc for arch in self.archs("sass")):
             return "sass"
         if any(arch <= cc for arch in self.archs("ptx")):
@@ -195,5 +203,7 @@ def read_images(path):
                 continue
             handle.seek(offset)
             data = handle.read(size)  # a file shrunk meanwhile gives less: parse_images checks against len(data)
-            images.extend(parse_images(data, offset, "%s section %s" % (path, name)))
+            for image in parse_images(data, offset, "%s section %s" % (path, name)):
+                image.section = name
+                images.append(image)
     return images

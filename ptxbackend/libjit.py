@@ -30,7 +30,7 @@ _SLOW_S = 10.0  # an image whose load takes this long is named on stderr as it f
 
 def plan(images, cc):
     """Split ``images`` by what the driver does with them on compute capability ``cc``."""
-    groups = {"sass": [], "jit": [], "none": []}
+    groups = {"sass": [], "jit": [], "none": [], "relocatable": []}
     for image in images:
         groups[image.needs(cc)].append(image)
     return groups
@@ -97,6 +97,7 @@ def warm(path, images, env, jobs, cc, say=None):
     wall = time.perf_counter() - started
     seconds = [w["seconds"] for w in workers if w.get("seconds") is not None]
     return {"images": len(images), "skipped_sass": len(groups["sass"]), "skipped_no_code": len(groups["none"]),
+            "skipped_relocatable": len(groups["relocatable"]),
             "to_load": len(groups["jit"]), "loaded": sum(w["loaded"] for w in workers),
             "refused": sum(w["refused"] for w in workers), "ptx_bytes": sum(i.jit_bytes(cc) for i in groups["jit"]),
             "jobs": len(workers), "workers": workers, "worker_seconds_sum": sum(seconds), "wall_s": wall,

@@ -34,7 +34,8 @@ KERNELS = {
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, nvcc13):
-    """{'ptx': path of a PTX-only (compute_75) library, 'sass': a SASS-only (sm_80, sm_90) one}."""
+    """{'ptx': path of a PTX-only (compute_75) library, 'sass': a SASS-only (sm_80, sm_90) one, 'rdc': the
+    PTX-only one built with relocatable device code}."""
     work = tmp_path_factory.mktemp("libjit")
     sources = []
     for name, text in KERNELS.items():
@@ -43,7 +44,8 @@ def built(tmp_path_factory, nvcc13):
     libs = {}
     # compute_75: the oldest PTX target CUDA 13's nvcc still emits (compute_52 needs an older nvcc).
     sass = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
-    for kind, gencode in (("ptx", ["-gencode", "arch=compute_75,code=compute_75"]), ("sass", sass)):
+    ptx = ["-gencode", "arch=compute_75,code=compute_75"]
+    for kind, gencode in (("ptx", ptx), ("sass", sass), ("rdc", ["-rdc=true"] + ptx)):
         out = str(work / ("lib%s.so" % kind))
         subprocess.check_call([nvcc13, "-shared", "-Xcompiler", "-fPIC"] + gencode + ["-o", out] + sources,
                               cwd=str(work))
@@ -107,6 +109,16 @@ def test_sass_only_library_needs_no_jit_where_its_machine_code_runs(built):
         assert image.archs("sass") == [80, 90] and image.archs("ptx") == [] and image.ptx_bytes == 0
         assert image.needs(90) == "sass" and image.needs(86) == "sass"  # same major, not newer
         assert image.needs(75) == "none" and image.needs(100) == "none"  # no PTX to JIT anywhere else
+
+
+def test_relocatable_images_are_left_to_the_runtime_that_links_them(built):
+    """-rdc: the PTX sits in __nv_relfatbin, linked by the library's runtime at load time (cuLink*), so a
+    plain load of each image would fill cache entries nobody looks up."""
+    images = fatbin.read_images(built["rdc"])
+    relocatable = [i for i in images if i.section == "__nv_relfatbin" and i.archs("ptx") == [75]]
+    assert len(relocatable) >= 2
+    assert all(i.needs(90) == "relocatable" for i in relocatable)
+    assert libjit.plan(images, 90)["jit"] == []
 
 
 def test_images_lie_where_the_file_says(built):
@@ -316,7 +328,8 @@ def test_report_says_what_the_parallel_jit_did(capsys):
     from ptxbackend.cli import _print_parallel
     _print_parallel(_report(first_growth=0))
     out = capsys.readouterr().out
-    assert "233 fatbin images, 0 skipped (SASS for this GPU), 49 skipped (no code it can use), 184 loaded" in out
+    assert "233 fatbin images, 0 skipped (SASS for this GPU), 49 skipped (no code it can use), 0 left to the " \
+           "library's start (-rdc, linked at load), 184 loaded" in out
     assert "256.7 MiB of PTX; 4 workers 100.0/101.0/102.0/103.0 s, sum 406.0 s" in out and "wall 104.0 s" in out
     assert "own start then took 2.50 s and grew the JIT cache 0.0 MiB" in out and "WARNING" not in out
 
