@@ -287,7 +287,8 @@ def _cmd_warm(args):
                       if result["second"].get("output_sha256") else ""))
             # What the JIT cost without a cache: the first process, plus the workers' share when they did it.
             jit_s = result["first"]["total_s"] + (result["parallel"] or {}).get("worker_seconds_sum", 0.0)
-            if result["second"]["total_s"] > 0.5 * max(jit_s, 1e-9) and jit_s > 1.0:
+            second_s = result["second"]["total_s"]
+            if second_s > 0.5 * max(jit_s, 1e-9) and jit_s > 1.0 and second_s > 1.0:  # under 1 s is no JIT
                 print("  WARNING: the second process was not fast: the driver JIT cache did not keep the "
                       "result. Check CUDA_CACHE_DISABLE, CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE "
                       "(ptxbackend doctor).")
