@@ -246,13 +246,16 @@ def test_entry_header_of_zero_bytes_ends(tmp_path, built):
     assert "fatbin entry at offset %d claims 0 + 0 bytes" % (image.offset + 16) in _parse_in_child(path)
 
 
-def test_cli_names_a_malformed_library_in_one_line(tmp_path, built):
+@pytest.mark.parametrize("bundle", [False, True], ids=["warm", "driver-jit-bundle"])
+def test_cli_names_a_malformed_library_in_one_line(tmp_path, built, bundle):
+    """Both `warm --libs` and `warm --libs --driver-jit-bundle` read the images (the parallel path)."""
     path = _copy(tmp_path, built["ptx"], "libbroken.so")
+    extra = ["--driver-jit-bundle", str(tmp_path / "jit.tgz")] if bundle else []
     second = fatbin.read_images(path)[1]
     _patch(path, second.offset, "<I", 0)
     _patch(path, second.offset + 4, "<I", 0x12345678)
     env = dict(os.environ, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"), CUDA_CACHE_PATH=str(tmp_path / "jit"))
-    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "warm", "--libs", path, "--jobs", "2"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "warm", "--libs", path, "--jobs", "2"] + extra, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, cwd=REPO)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stdout + proc.stderr
