@@ -3,11 +3,13 @@
 A CUDA library keeps its device code in ELF sections that nvcc fills with
 fatbin images: ``.nv_fatbin`` holds those its runtime loads one by one;
 ``__nv_relfatbin`` (``nvcc -rdc``) holds relocatable images that the runtime
-links together at load time, so they are reported but never warmed alone.  Each image starts with a 16-byte header (magic 0xBA55ED50, u16
-version, u16 header size, u64 payload size) and holds entries: a 64-bit
-header each (kind 1 = PTX, 2 = ELF/SASS; header size; stored size; the
-compressed/uncompressed sizes; PTX ISA or ELF version; the sm/compute
-number; flags).  Images may be padded with zero bytes between them.
+links together at load time, so they are reported but never warmed alone.
+Each image starts with a 16-byte header (magic 0xBA55ED50, u16 version, u16
+header size, u64 payload size) and holds entries, each with a header of at
+least 64 bytes (kind 1 = PTX, 2 = ELF/SASS; header size; stored size; PTX
+ISA or ELF version; the sm/compute number; flags; for a compressed entry its
+uncompressed size).  Images may be padded with zero bytes between them.
+Little-endian ELF32 and ELF64 are read.
 
 Only the section bytes are read (cuDNN 7's ``.nv_fatbin`` is 183 MB of a
 203 MB file); every length read from the file is checked against what is
@@ -199,7 +201,7 @@ def read_images(path):
         file_size = os.fstat(handle.fileno()).st_size
         images = []
         for name, _kind, offset, size in _section_headers(handle, file_size, path):
-            if name not in SECTIONS:
+            if name not in SECTIONS or _kind == 8:  # SHT_NOBITS: no bytes in the file
                 continue
             handle.seek(offset)
             data = handle.read(size)  # a file shrunk meanwhile gives less: parse_images checks against len(data)

@@ -195,6 +195,15 @@ def test_fatbin_section_outside_the_file(tmp_path, built):
     assert "(.nv_fatbin) claims" in _refusal(path)
 
 
+def test_a_fatbin_section_without_file_bytes_is_not_read(tmp_path, built):
+    """SHT_NOBITS occupies no file bytes, so its size is not checked against the file: it must not be read."""
+    path = _copy(tmp_path, built["ptx"])
+    header = _shdr(path, _section_index(path, ".nv_fatbin"))
+    _patch(path, header + 4, "<I", 8)  # sh_type = SHT_NOBITS
+    _patch(path, header + 32, "<Q", 1 << 50)
+    assert fatbin.read_images(path) == []
+
+
 def test_truncated_copy(tmp_path, built):
     path = _copy(tmp_path, built["ptx"])
     with open(path, "r+b") as handle:
@@ -214,6 +223,17 @@ def test_image_larger_than_its_section(tmp_path, built):
     first = fatbin.read_images(path)[0]
     _patch(path, first.offset + 8, "<Q", 1 << 40)
     assert "fatbin image at offset %d claims" % first.offset in _refusal(path)
+
+
+def test_image_header_cut_by_the_section_end(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    last = fatbin.read_images(path)[-1]
+    header = _shdr(path, _section_index(path, ".nv_fatbin"))
+    with open(path, "rb") as handle:
+        handle.seek(header + 24)
+        section_offset, = struct.unpack("<Q", handle.read(8))
+    _patch(path, header + 32, "<Q", last.offset - section_offset + 8)  # the section ends inside its header
+    assert "fatbin header at offset %d is cut short" % last.offset in _refusal(path)
 
 
 def _parse_in_child(path):
