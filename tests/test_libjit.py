@@ -251,6 +251,16 @@ def test_image_header_of_zero_bytes_ends(tmp_path, built):
     assert "fatbin image at offset %d claims 0 + 0 bytes" % empty.offset in _parse_in_child(path)
 
 
+def test_entry_header_cut_by_the_image_end(tmp_path, built):
+    path = _copy(tmp_path, built["ptx"])
+    first = fatbin.read_images(path)[0]  # not the last: the next image's bytes follow it
+    with open(path, "rb") as handle:
+        handle.seek(first.offset)
+        _, _, header_size, payload = struct.unpack("<IHHQ", handle.read(16))
+    _patch(path, first.offset + 8, "<Q", payload + 16)  # 16 bytes more: too few for another entry header
+    assert "fatbin entry header at offset %d runs past" % (first.offset + header_size + payload) in _refusal(path)
+
+
 def test_entry_larger_than_its_image(tmp_path, built):
     path = _copy(tmp_path, built["ptx"])
     image = [i for i in fatbin.read_images(path) if i.archs("ptx")][0]
