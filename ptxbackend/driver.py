@@ -33,7 +33,7 @@ from .libcuda import (CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX, CUDA_ERR
 __all__ = [
     "available", "driver_version", "driver_build", "library_path", "device_count",
     "device_name", "compute_capability", "current_device", "ensure_context",
-    "load_module", "link_ptx", "synchronize", "Module", "Function", "DeviceBuffer",
+    "load_module", "jit_image", "link_ptx", "synchronize", "Module", "Function", "DeviceBuffer",
 ]
 
 # CUjit_option values (cuda.h, enum CUjit_option_enum).
@@ -274,6 +274,25 @@ def load_module(image, kind):
         log = _log_text(error_log) or _log_text(info_log)
         _fail(api, code, "cuModuleLoadDataEx", _jit_failure_detail(code, kind, image, log), log)
     return Module(handle.value, kind, _current_context(api), _log_text(info_log))
+
+
+def jit_image(image):
+    """Load ``image`` (a fatbin) with plain cuModuleLoadData and unload it again; return None.
+
+    No JIT options, unlike :func:`load_module`: the driver's JIT cache is keyed by
+    what it compiles and how, so only a load made the way a library's own CUDA
+    runtime makes it fills the entries that runtime looks up.  A refusal raises
+    DriverError naming the driver's error.
+    """
+    import ctypes
+    image = bytes(image)
+    api = _driver()
+    ensure_context()
+    handle = ctypes.c_void_p()
+    code = api.cuModuleLoadData(ctypes.byref(handle), image)
+    if code != CUDA_SUCCESS:
+        _fail(api, code, "cuModuleLoadData", _jit_failure_detail(code, "fatbin", image, ""))
+    api.cuModuleUnload(handle)
 
 
 def link_ptx(ptx, name="kernel.ptx"):

@@ -119,6 +119,7 @@ class _Api(object):
             ("cuCtxSetCurrent", (c_void_p,)),
             ("cuCtxGetDevice", (p_int,)),
             ("cuCtxSynchronize", ()),
+            ("cuModuleLoadData", (p_void, c_void_p)),
             ("cuModuleLoadDataEx", (p_void, c_void_p, c_uint, p_int, p_void)),
             ("cuModuleGetFunction", (p_void, c_void_p, c_char_p)),
             ("cuModuleUnload", (c_void_p,)),

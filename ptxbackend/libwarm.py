@@ -138,10 +138,18 @@ def _run_child(kind, path, env):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def warm_library(name_or_path, jit_dir=None):
+def default_jobs():
+    return os.cpu_count() or 1
+
+
+def warm_library(name_or_path, jit_dir=None, jobs=1, say=None):
     """Initialise a library twice in fresh processes; return the timings and the JIT cache growth.
 
     ``jit_dir``: the driver JIT cache to warm (``CUDA_CACHE_PATH``), instead of the one in effect.
+    ``jobs`` > 1: first JIT the library's fatbin images in that many processes
+    (:mod:`ptxbackend.libjit`), so the first child below only checks that the
+    cache holds what the library looks up; 1: that child does the whole JIT.  ``say``: gets a line as
+    the workers start (a long warm-up cut short still shows how far it came).
     """
     path = find_library(name_or_path)
     kind = library_kind(path)
@@ -153,13 +161,27 @@ def warm_library(name_or_path, jit_dir=None):
     env["CUDA_MODULE_LOADING"] = "EAGER"  # JIT every kernel now, not only those the first call touches
     cache_dir = env.get("CUDA_CACHE_PATH") or _jit_cache_dir()
     before = tree_size(cache_dir)
+    parallel = None
+    if jobs > 1:
+        from . import driver, libjit
+        from .errors import DriverError
+        from .fatbin import read_images
+        images = read_images(path)  # a malformed library is named before any CUDA call
+        try:
+            cc = driver.compute_capability(driver.current_device())
+        except DriverError as exc:
+            raise RuntimeError("JIT-compiling %s needs the GPU: %s" % (path, exc))
+        parallel = libjit.warm(path, images, env, jobs, cc, say)
+        parallel["jit_cache_growth_bytes"] = max(tree_size(cache_dir) - before, 0)
+    checked_from = tree_size(cache_dir)
     first = _run_child(kind, path, env)
-    grown = tree_size(cache_dir) - before
+    after = tree_size(cache_dir)
     env.pop("CUDA_MODULE_LOADING")
     second = _run_child(kind, path, env)
     return {"library": path, "kind": kind, "first": first, "second": second,
-            "jit_cache_growth_bytes": max(grown, 0), "jit_cache_dir": cache_dir,
-            "cuda_cache_maxsize": env["CUDA_CACHE_MAXSIZE"]}
+            "jit_cache_growth_bytes": max(after - before, 0), "jit_cache_dir": cache_dir,
+            "cuda_cache_maxsize": env["CUDA_CACHE_MAXSIZE"], "parallel": parallel,
+            "first_growth_bytes": max(after - checked_from, 0)}
 
 
 if __name__ == "__main__":

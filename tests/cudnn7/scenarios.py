@@ -11,9 +11,11 @@ Scenarios ($CUDNN7_STEPS, comma list, in order):
   stock   driver defaults (CUDA_CACHE_MAXSIZE unset), machine python3 without ptxbackend: first, second
   small   CUDA_CACHE_MAXSIZE=$CUDNN7_SMALL_MAXSIZE (default 64 MiB): doctor's words, the hook's sizing,
           two processes of at most $CUDNN7_SMALL_PROCESS_S (default 240 s) each, never resumed
-  warm    `ptxbackend warm --libs cudnn` (found through the cupy/.data/lib layout), then the program
-  pack    machine A: `warm --libs cudnn --driver-jit-bundle`; if that cannot finish within one call, the
-          warm scenario's finished JIT cache is packed with the same function (driverjit.pack), and said so
+  warm    `ptxbackend warm --libs cudnn --jobs $CUDNN7_JOBS` (default: the CPU count; found through the
+          cupy/.data/lib layout), then the program
+  pack    machine A: `warm --libs cudnn --jobs $CUDNN7_JOBS --driver-jit-bundle`; if that cannot finish within
+          one call, the warm scenario's finished JIT cache is packed with the same function
+          (driverjit.pack), and said so
   import  machine B: GPU $CUDNN7_B_GPU (default: the second GPU when there are two), an empty ptxbackend
           cache, `cache import` of A's bundle, doctor, the program; its convolution compared with A's
 """
@@ -38,6 +40,12 @@ PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
 RUNS = os.path.join(HOME, "runs.jsonl")
 BUNDLE = os.path.join(HOME, "pack", "cudnn7-jit.tgz")
 SMALL = os.environ.get("CUDNN7_SMALL_MAXSIZE", str(64 << 20))
+# warm and pack JIT cuDNN's fatbin images in this many processes (`warm --libs --jobs`); 1 is the old serial
+# warm-up, in which the library's own start JIT-compiles everything on one core.
+JOBS = os.environ.get("CUDNN7_JOBS") or str(os.cpu_count() or 1)
+
+
+REPORT_WORDS = ("parallel JIT", "own start", "WARNING", "first process", "packed the driver JIT cache")
 
 
 class OutOfTime(Exception):
@@ -132,7 +140,7 @@ def run(scenario, label, argv, env, limit=None, jit=None):
              "timed_out": timed_out, "seconds": round(seconds, 3), "limit_s": round(allowed), "argv": argv,
              "cuda_cache": dict((k, v) for k, v in env.items() if k.startswith("CUDA_")),
              "jit_bytes_before": before, "jit_bytes_after": jit_bytes(jit), "jit_growth": samples,
-             "stderr_tail": tail, "stdout_tail": stdout.strip().splitlines()[-5:], "result": result}
+             "stderr_tail": tail, "stdout_tail": stdout.strip().splitlines()[-12:], "result": result}
     with open(RUNS, "a") as handle:
         handle.write(json.dumps(entry) + "\n")
     say("  rc %s%s after %.1f s; JIT cache %.1f -> %.1f MiB; %s" % (
@@ -176,7 +184,8 @@ def small():
 
 def warm():
     env = env_for(os.path.join(HOME, "warm", "jit"), PYTHONPATH=SITE)
-    until_done("warm", "warm --libs cudnn", [VENV_PY, "-m", "ptxbackend", "warm", "--libs", "cudnn"], env)
+    until_done("warm", "warm --libs cudnn", [VENV_PY, "-m", "ptxbackend", "warm", "--libs", "cudnn", "--jobs", JOBS],
+               env)
     if not runs("warm", "program"):
         program("warm", "program", env)
 
@@ -186,7 +195,8 @@ def pack():
         return
     os.makedirs(os.path.dirname(BUNDLE), exist_ok=True)
     env = env_for(None, PYTHONPATH=SITE, PTXBACKEND_CACHE_DIR=os.path.join(HOME, "pack", "cache"))
-    argv = [VENV_PY, "-m", "ptxbackend", "warm", "--libs", "cudnn", "--driver-jit-bundle", BUNDLE, "--force"]
+    argv = [VENV_PY, "-m", "ptxbackend", "warm", "--libs", "cudnn", "--jobs", JOBS, "--driver-jit-bundle", BUNDLE,
+            "--force"]
     if not runs("pack", "warm --driver-jit-bundle"):
         run("pack", "warm --driver-jit-bundle", argv, env)
         if done("pack", "warm --driver-jit-bundle"):
@@ -249,6 +259,9 @@ def summary():
                 last["jit_bytes_after"] / 1048576.0,
                 "; conv vs numpy %.2g, sha %s" % (result["conv_max_error"], result["conv_sha256"][:16])
                 if "conv_max_error" in result else ""))
+            # warm --libs's own report: images, PTX, workers' seconds and sum, wall, the library's start after
+            lines.extend("        " + line.strip() for line in last["stdout_tail"]
+                         if any(word in line for word in REPORT_WORDS))
     return "\n".join(lines)
 
 
