@@ -188,3 +188,22 @@ def test_fleet_hits_are_copied_locally_off_the_hit_path(make_store, tmp_path):
     cache.flush()
     assert all(local.get(name) == blobs[name] for name in blobs)
     assert cache._later.pending == {}
+
+
+def test_a_jit_cubin_s_group_brings_the_dependency_set_its_entries_name(make_store, tmp_path):
+    """A machine that loads JIT cubins first never reads the PTX group, where the set was first
+    recorded: each entry's upload records its set in the entry's own group too."""
+    from ptxbackend.cache import layout
+    digest = "ab" * 32
+    depset = b'{"files":[]}'
+    writer = EntryCache(DirectoryStore(str(tmp_path / "a"), 1 << 20, 5.0), make_store())
+    writer.read(name_of(0), key_of(0), "ptx")  # a miss in the PTX group, as a compile's lookup is
+    writer.save_depset(digest, depset)  # recorded in the group used last: the PTX one
+    writer.write(name_of(0), b"// ptx", {"key": key_of(0), "kind": "ptx"}, digest.encode())
+    jit = "%s/jit/sm_90-580/%s/%s.cubin" % (PRODUCER_TARGET, key_of(0)[:2], key_of(0))
+    writer.write(jit, b"cubin", {"key": key_of(0), "kind": "cubin"}, digest.encode())
+    reader = EntryCache(DirectoryStore(str(tmp_path / "b"), 1 << 20, 5.0), make_store(mode="ro"))
+    found = reader.read(jit, key_of(0), "cubin", False, True)
+    assert found is not None and found[2] == digest.encode()
+    assert reader.load_depset(digest) == depset
+    assert reader.remote.requests == 1 and layout.depset_name(digest) not in reader.remote._memory

@@ -111,11 +111,16 @@ class EntryCache(object):
         """Store an entry locally (raises ``OSError``, e.g. ENOSPC), then upload it (best effort)."""
         blob = entry_format.encode(payload, metadata, deps)
         self.local.put(name, blob)
-        self._upload(name, blob)
+        # Every entry's group lists the set it names: a JIT cubin's group is fetched without its
+        # PTX's, and would otherwise cost a new machine a second round trip for the set.
+        self._upload(name, blob, (layout.depset_name(bytes(deps).decode("ascii")),) if deps else ())
 
-    def _upload(self, name, blob):
+    def _upload(self, name, blob, companions=()):
         if self.remote is not None and self.remote.writable:
-            self.remote.put(name, blob)  # never raises: a fleet store fails open
+            if companions:
+                self.remote.put(name, blob, companions)  # never raises: a fleet store fails open
+            else:
+                self.remote.put(name, blob)
             self.counters["uploads"] += 1
 
     def discard(self, name, why):

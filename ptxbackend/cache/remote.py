@@ -555,7 +555,10 @@ class RemoteStore(Store):
             self._bump(level, "hits")
         return blob.tobytes()
 
-    def put(self, name, blob):
+    def put(self, name, blob, companions=()):
+        """Store ``blob`` under ``name``; ``companions``: names a reader of ``name`` needs too (its
+        dependency set), recorded in ``name``'s working set in the same request, so that a new
+        machine's one fetch of that group brings them (the set of a JIT cubin's group included)."""
         if not self.writable or self._off():
             return
         level = _level(name)
@@ -567,7 +570,12 @@ class RemoteStore(Store):
         command = ("SET", redis_key, seal(self._key, redis_key.encode("utf-8"), blob))
         if self.ttl:
             command += ("EX", self.ttl)
-        commands = [command] + self._touches(name, self._group(name))
+        group = self._group(name)
+        commands = [command] + self._touches(name, group)
+        if group is not None:
+            now = int(time.time() * 1000)
+            for companion in companions:
+                commands.extend(workingset.touch(self._set_prefix + group, companion, now))
         if self._call(level, lambda client: _main(client.results(*commands)), write=True) is not _SKIP:
             self._bump(level, "puts")
 
