@@ -551,6 +551,7 @@ def test_an_expired_lock_taken_over_is_not_released_by_the_old_holder(make_store
     new = make_store()
     old_lock = old.lock(ENTRY, 0)
     assert old_lock.__enter__() is True
+    raw.pexpire(old.lock_key(ENTRY), 1)  # it expired while the old holder was stopped (no renewal came)
     new_lock = new.lock(ENTRY, 60)
     assert new_lock.__enter__() is True  # waited for the old holder's lock to expire
     token = raw.get(new.lock_key(ENTRY))
@@ -874,3 +875,34 @@ def test_description_hides_every_password():
     assert "s3cret" not in store.description
     assert "user" in store.description and "host:6380" in store.description
     assert store.state == "not connected yet"
+
+
+def test_a_lock_held_past_its_expiry_is_renewed_while_the_compile_runs(make_store, raw):
+    """A compile longer than the lock's expiry keeps the lock: another machine keeps waiting instead of
+    compiling the same kernel, and the lock is gone once released."""
+    name = "nvcc-13.0.88/compute_75/ab/long.ptx"
+    holder, waiter = make_store(lock_expiry=0.6), make_store(lock_expiry=0.6)
+    lock_key = holder.lock_key(name)
+    with holder.lock(name, 1) as held:
+        assert held
+        time.sleep(1.5)  # two and a half expiries
+        assert raw.exists(lock_key)
+        started = time.monotonic()
+        with waiter.lock(name, 0.3) as got:
+            assert not got and time.monotonic() - started >= 0.3  # it verified, so the waiter waited
+    assert not raw.exists(lock_key)
+
+
+def test_a_lost_lock_is_neither_renewed_nor_released_as_ours(make_store, raw):
+    name = "nvcc-13.0.88/compute_75/ab/lost.ptx"
+    holder, other = make_store(lock_expiry=0.6), make_store(lock_expiry=5)
+    lock_key = holder.lock_key(name)
+    with holder.lock(name, 1) as held:
+        assert held
+        raw.delete(lock_key)  # expired while the machine was stopped, say
+        with other.lock(name, 0) as theirs:
+            assert theirs
+            time.sleep(0.5)  # past the holder's next renewal
+            ours = raw.get(lock_key)
+        assert ours is not None and raw.get(lock_key) is None  # theirs, kept and then released by them
+    assert raw.get(lock_key) is None

@@ -96,6 +96,9 @@ _ENTRY_SUFFIXES = tuple("." + kind for kind in KIND_SUFFIXES)
 # was taken by another machine is theirs now.
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
             "return redis.call('del', KEYS[1]) else return 0 end")
+# Renews the lock (a new stamp and MAC, the expiry again) only while it still holds our value.
+_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+          "return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) else return 0 end")
 # Lock values: <token hex>.<taken, ms since the epoch>.<HMAC hex>; nothing else is a lock of ours.
 _LOCK_VALUE = re.compile(br"^([0-9a-f]{32})\.([0-9]{1,15})\.([0-9a-f]{64})$")
 #: How far another machine's clock may be ahead of ours when it stamps a lock (seconds).
@@ -599,15 +602,28 @@ class RemoteStore(Store):
         level = _level(name)
         lock_key = (self._lock_prefix + name).encode("utf-8")
         token = secrets.token_hex(16).encode("ascii")
-        taken = str(int(time.time() * 1000)).encode("ascii")
-        value = b".".join((token, taken, _lock_mac(self._key, lock_key, token, taken)))
+        value = self._lock_value(lock_key, token)
         held = self._acquire(level, lock_key, value, timeout)
+        keeper = _LockKeeper(self, level, lock_key, token, value) if held else None
         try:
             yield held
         finally:
-            if held:
+            if keeper is not None:
+                value = keeper.stop()
                 self._call(level, lambda client: client.execute(("EVAL", _RELEASE, 1, lock_key, value)),
                            write=True)
+
+    def _lock_value(self, lock_key, token):
+        taken = str(int(time.time() * 1000)).encode("ascii")
+        return b".".join((token, taken, _lock_mac(self._key, lock_key, token, taken)))
+
+    def _renew(self, level, lock_key, token, value):
+        """The lock's new value, stamped now, while it still holds ``value``; else ``None`` (lost)."""
+        renewed = self._lock_value(lock_key, token)
+        expiry_ms = max(1, int(self.lock_expiry * 1000))
+        reply = self._call(level, lambda client: client.execute(("EVAL", _RENEW, 1, lock_key, value, renewed,
+                                                                 expiry_ms))[0], write=True, quiet=True)
+        return renewed if reply in (b"OK", True) else None
 
     def _verified_lock(self, lock_key, value):
         """Whether ``value`` (the lock's current value, or None) is a live lock of a fleet key holder."""
@@ -674,6 +690,32 @@ class RemoteStore(Store):
             result = dict((level, dict(counts)) for level, counts in self._counts.items())
         result["state"] = self.state
         return result
+
+class _LockKeeper(object):
+    """Renews a held fleet lock every third of its expiry while the compile under it runs, so a
+    compile longer than the expiry keeps it (waiters see a fresh stamp and keep waiting) and a
+    holder that dies still frees it within one expiry."""
+
+    def __init__(self, store, level, lock_key, token, value):
+        self._store, self._level, self._key, self._token = store, level, lock_key, token
+        self.value = value
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ptxbackend-fleet-lock", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(self._store.lock_expiry / 3.0):
+            renewed = self._store._renew(self._level, self._key, self._token, self.value)
+            if renewed is None:
+                return  # lost (expired and taken, or the store is off): nothing left to keep
+            self.value = renewed
+
+    def stop(self):
+        """Stop renewing; the value the lock holds now (for the release)."""
+        self._stop.set()
+        self._thread.join()
+        return self.value
+
 
 # -- opening from settings ----------------------------------------------------------------------------
 
