@@ -123,3 +123,13 @@ def test_fleet_check_passes_a_real_server_and_stops_on_one_that_is_gone(fleet_mo
     with pytest.raises(SystemExit) as stopped:  # the server is stopped: the same settings reach nothing
         fleet_module.check_fleet(arm, fleet, caches, str(tmp_path / "nvcc.log"), args)
     assert str(stopped.value).startswith("arm now: the fleet store is not usable by its tree (rc=0): remote:")
+
+
+def test_no_compile_logged_on_a_means_b_s_zero_proves_nothing(fleet_module):
+    """The H200 run of 2026-12-02 logged no nvcc process at all (the log's folder did not exist): B's
+    zero compiles must then say 'not measured', not 'met'."""
+    results = recorded()
+    for run in results["runs"]:
+        run["nvcc"] = {"processes": 0, "compiles": 0, "preprocess": 0, "other": 0}
+    row = fleet_module.summarise(results)["now"]
+    assert row["verdicts"]["b_compiles"].startswith("not measured")
