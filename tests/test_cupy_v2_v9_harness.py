@@ -290,6 +290,15 @@ def test_a_range_runs_those_positions_of_the_collection_after_deselection(tmp_pa
     assert done == {i: everything[i] for i in (1, 2, 3)}, out
 
 
+@pytest.mark.parametrize("deselect, dropped", [("test_many.py::test_03", ["test_03"]),
+                                               ("test_other.py::test_03", []), ("test_03", ["test_03"])])
+def test_a_deselection_can_name_the_file_of_the_function(tmp_path, deselect, dropped):
+    """CuPy 13.6's test_userkernel.py and test_reduction.py both have a test_cached_code; only the first
+    draws from cuRAND."""
+    _code, out, _done, ids = _plugin(tmp_path, V2V9_DESELECT=deselect)
+    assert [i for i in ["test_00", "test_03"] if "test_many.py::" + i not in ids] == dropped, out
+
+
 def test_a_crash_leaves_the_outcomes_before_it_and_the_harness_finds_the_crashed_test(tmp_path):
     code, out, done, ids = _plugin(tmp_path, PTXB_T_CRASH="1", V2V9_RANGE="3:8")
     assert code == -signal.SIGABRT, out

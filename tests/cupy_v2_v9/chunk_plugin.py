@@ -5,7 +5,7 @@ CuPy's parameterized test classes carry numpy reprs, newlines included, in
 their names, so node ids cannot be passed on a command line; the harness
 addresses tests by position instead.  Environment:
 
-- V2V9_DESELECT=name,...: drop test functions by name first (in every mode);
+- V2V9_DESELECT=name,...: drop test functions by name first (in every mode; file.py::name: in that file only);
 - V2V9_IDS_FILE=path: write the collected node ids (a JSON list), position = index;
 - V2V9_RANGE=a:b: keep the tests at positions a..b-1 of that list;
 - V2V9_PROGRESS=path: append one JSON line per finished test, ``{"i", "id", "outcome"}``, flushed at once,
@@ -29,7 +29,14 @@ _reports = {}
 def pytest_collection_modifyitems(session, config, items):
     names = set(n for n in os.environ.get("V2V9_DESELECT", "").split(",") if n)
     if names:
-        dropped = [item for item in items if getattr(item, "originalname", None) in names or item.name in names]
+        def named(item, name):
+            # "file.py::function" names one file's function; a bare name, that function in every file
+            where, _, function = name.rpartition("::")
+            path = item.nodeid.split("::")[0]
+            if where and path != where and not path.endswith("/" + where):
+                return False
+            return getattr(item, "originalname", None) == function or item.name == function
+        dropped = [item for item in items if any(named(item, name) for name in names)]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = [item for item in items if item not in dropped]

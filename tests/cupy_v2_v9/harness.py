@@ -48,7 +48,7 @@ NEEDS_STUBBED_LIBRARY = {
 }
 # CuPy 13.6.0 (issue 29): 9.6.0's list, and test_cached_code (its inputs come from cupy.random: it aborted in
 # the cuRAND stub in both modes in the first H200 call).
-NEEDS_STUBBED_LIBRARY["13.6.0"] = NEEDS_STUBBED_LIBRARY["9.6.0"] + ("test_cached_code",)
+NEEDS_STUBBED_LIBRARY["13.6.0"] = NEEDS_STUBBED_LIBRARY["9.6.0"] + ("test_userkernel.py::test_cached_code",)
 # CuPy 13's test_raw.py runs `nvcc --version` while it is collected (a skipIf at module level), and an
 # old-toolkit machine here has no nvcc: without an answer the whole file fails to collect, in both modes.
 NVCC_VERSION_ONLY = {"13.6.0": "11.7"}
