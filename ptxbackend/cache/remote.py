@@ -471,15 +471,16 @@ class RemoteStore(Store):
             self._fetched.add(group)
         return self._set_prefix + group
 
-    def _touches(self, name, group):
-        """Commands recording this use and those served from memory since the last request (rw only:
-        a read-only line PC writes nothing)."""
+    def _touches(self, name, group, companions=()):
+        """Commands recording this use (and of ``companions``, in the same group) and those served from
+        memory since the last request (rw only: a read-only line PC writes nothing)."""
         if not self.writable:
             return []
         with self._guard:
             used, self._used = self._used, []
         if group is not None:
             used.append((group, name))
+            used.extend((group, companion) for companion in companions)
         now = int(time.time() * 1000)
         commands = []
         for used_group, used_name in used:
@@ -573,12 +574,7 @@ class RemoteStore(Store):
         command = ("SET", redis_key, seal(self._key, redis_key.encode("utf-8"), blob))
         if self.ttl:
             command += ("EX", self.ttl)
-        group = self._group(name)
-        commands = [command] + self._touches(name, group)
-        if group is not None:
-            now = int(time.time() * 1000)
-            for companion in companions:
-                commands.extend(workingset.touch(self._set_prefix + group, companion, now))
+        commands = [command] + self._touches(name, self._group(name), companions)
         if self._call(level, lambda client: _main(client.results(*commands)), write=True) is not _SKIP:
             self._bump(level, "puts")
 
@@ -690,6 +686,7 @@ class RemoteStore(Store):
             result = dict((level, dict(counts)) for level, counts in self._counts.items())
         result["state"] = self.state
         return result
+
 
 class _LockKeeper(object):
     """Renews a held fleet lock every third of its expiry while the compile under it runs, so a
