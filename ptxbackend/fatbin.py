@@ -17,6 +17,7 @@ there before it is used, so a malformed library is a :class:`FatbinError`
 with one line, never a crash or a huge allocation.  Stdlib only.
 """
 
+import os
 import struct
 
 from .errors import PtxBackendError
@@ -196,7 +197,6 @@ def _parse_image(data, start, base, where):
 
 def read_images(path):
     """The fatbin images of the library at ``path``: only its fatbin sections are read."""
-    import os
     with open(path, "rb") as handle:
         file_size = os.fstat(handle.fileno()).st_size
         images = []

@@ -160,7 +160,7 @@ def warm_library(name_or_path, jit_dir=None, jobs=1, say=None):
     env.pop("CUDA_CACHE_DISABLE", None)
     env["CUDA_MODULE_LOADING"] = "EAGER"  # JIT every kernel now, not only those the first call touches
     cache_dir = env.get("CUDA_CACHE_PATH") or _jit_cache_dir()
-    before = tree_size(cache_dir)
+    before = checked_from = tree_size(cache_dir)
     parallel = None
     if jobs > 1:
         from . import driver, libjit
@@ -172,8 +172,8 @@ def warm_library(name_or_path, jit_dir=None, jobs=1, say=None):
         except DriverError as exc:
             raise RuntimeError("JIT-compiling %s needs the GPU: %s" % (path, exc))
         parallel = libjit.warm(path, images, env, jobs, cc, say)
-        parallel["jit_cache_growth_bytes"] = max(tree_size(cache_dir) - before, 0)
-    checked_from = tree_size(cache_dir)
+        checked_from = tree_size(cache_dir)
+        parallel["jit_cache_growth_bytes"] = max(checked_from - before, 0)
     first = _run_child(kind, path, env)
     after = tree_size(cache_dir)
     env.pop("CUDA_MODULE_LOADING")
