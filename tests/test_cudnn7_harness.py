@@ -4,6 +4,7 @@ checks.  The GPU part is run_gpu.sh on the GPU machine (tests/cudnn7/README.md).
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,6 +111,10 @@ def test_the_scenarios_record_every_process_with_its_own_jit_cache_and_doctors_w
     assert records["hook, CUDA_CACHE_MAXSIZE set small"]["stdout_tail"][-1].endswith(str(64 << 20))
     assert records["first"]["rc"] == 1 and not records["first"]["timed_out"]
     assert os.path.isfile(str(tmp_path / "out" / "summary.txt"))
+    # The device machine returns only files named in these characters: "hook, CUDA_..." logs came back as none.
+    names = os.listdir(str(tmp_path / "out"))
+    assert "small-hook_CUDA_CACHE_MAXSIZE_unset-1.log" in names, names
+    assert all(re.match(r"^[A-Za-z0-9._-]+$", name) for name in names), names
 
 
 def test_a_process_is_cut_at_the_calls_deadline_and_the_next_call_goes_on_over_the_same_jit_cache(tmp_path):

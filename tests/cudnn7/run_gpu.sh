@@ -56,9 +56,13 @@ fi
 venv=$home/venv
 [ -x "$venv/bin/python" ] || python3 -m venv --without-pip --system-site-packages "$venv" || exit 2
 site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# The machine's python3 may itself be a venv (numpy there, not in the base interpreter that
+# --system-site-packages exposes): its site directories go on this venv's path too.
+python3 -c "import site, sys; print('\n'.join(p for p in site.getsitepackages() if p.startswith(sys.prefix)))" \
+  > "$site/machine-python3.pth"
 rm -rf "$home/wheel" && python3 -m pip wheel -q --no-deps --no-index --no-build-isolation -w "$home/wheel" . || exit 2
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
-  "$home"/wheel/ptxbackend-*.whl $(ls "$staged"/wheels/*.whl "$home"/wheels/*.whl 2>/dev/null) || exit 2
+  "$home"/wheel/ptxbackend-*.whl $(ls "$staged"/wheels/*.whl 2>/dev/null || ls "$home"/wheels/*.whl) || exit 2
 if [ -d "$staged/wheels" ]; then mkdir -p "$home/wheels" && cp "$staged"/wheels/*.whl "$home/wheels/"; fi
 say "venv: $venv ($("$venv/bin/python" -c 'import ptxbackend; print(ptxbackend.__version__)'))"
 

@@ -5,7 +5,7 @@ is appended to $CUDNN7_HOME/runs.jsonl as it ends, so a scenario whose warm-up o
 in the next call on the still-warm machine: its driver JIT cache ($CUDNN7_HOME/<scenario>/jit) is kept,
 and a warm-up that a deadline cut is run again in a new process over that cache until one finishes (the
 warm-up's whole time is the sum over those processes).  No process runs past the call's deadline
-($CUDNN7_DEADLINE_S after run_gpu.sh started, default 540 s).
+($CUDNN7_DEADLINE_S after run_gpu.sh started, default 570 s: a 600 s call less its set-up).
 
 Scenarios ($CUDNN7_STEPS, comma list, in order):
   stock   driver defaults (CUDA_CACHE_MAXSIZE unset), machine python3 without ptxbackend: first, second
@@ -22,6 +22,7 @@ Scenarios ($CUDNN7_STEPS, comma list, in order):
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ LIB = os.environ["CUDNN7_LIB"]
 VENV_PY = os.environ["CUDNN7_VENV_PYTHON"]
 SITE = os.environ["CUDNN7_SITE"]
 OUT = os.environ.get("OUT", "/tmp/cudnn7-out")
-DEADLINE = float(os.environ["CUDNN7_STARTED"]) + float(os.environ.get("CUDNN7_DEADLINE_S", "540"))
+DEADLINE = float(os.environ["CUDNN7_STARTED"]) + float(os.environ.get("CUDNN7_DEADLINE_S", "570"))
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "program.py")
 RUNS = os.path.join(HOME, "runs.jsonl")
 BUNDLE = os.path.join(HOME, "pack", "cudnn7-jit.tgz")
@@ -98,7 +99,8 @@ def run(scenario, label, argv, env, limit=None, jit=None):
         raise OutOfTime()
     jit = jit or env.get("CUDA_CACHE_PATH")
     number = len(runs(scenario, label)) + 1
-    log = os.path.join(OUT, "%s-%s-%d.log" % (scenario, label.replace(" ", "_").replace("/", "_"), number))
+    # Only these characters come back from the device machine's $OUT.
+    log = os.path.join(OUT, "%s-%s-%d.log" % (scenario, re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_"), number))
     samples, stop = [], threading.Event()
     begun = time.time()
 
@@ -186,7 +188,7 @@ def warm():
     env = env_for(os.path.join(HOME, "warm", "jit"), PYTHONPATH=SITE)
     until_done("warm", "warm --libs cudnn", [VENV_PY, "-m", "ptxbackend", "warm", "--libs", "cudnn", "--jobs", JOBS],
                env)
-    if not runs("warm", "program"):
+    if not done("warm", "program"):
         program("warm", "program", env)
 
 
