@@ -4,6 +4,7 @@ context, and the paths the compiler will search, remembered per process."""
 import os
 
 from .compilers import COMPILERS
+from .compilers.nvrtc import uses_precompiled_headers
 from .compilers.options import expand_option_files, read_path_options
 from .errors import CompileError, TargetError
 from .state import state
@@ -67,6 +68,10 @@ def build(options, name, source_dir, kind, host, environment, toolkit=""):
     backend = COMPILERS.get(kind)
     compiled_name = backend.compiled_name(name) if backend else str(name)
     context = (compiled_name, host) + environment + ((toolkit,) if toolkit else ())
+    if kind == "nvrtc" and uses_precompiled_headers(parsed.options):
+        # Never cached (nvrtc.py says why); the key differs too, so no entry an older version filed
+        # for these options, with the empty list of reads such a compile shows, is ever served.
+        context += ("precompiled headers",)
     # A relative path depends on the working directory, and an options file's text can change: those
     # requests are parsed every time.
     found = Request(parsed.options, context, parsed,

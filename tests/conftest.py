@@ -107,6 +107,16 @@ def nvrtc12_pair():
     return found
 
 
+@pytest.fixture(scope="session")
+def nvrtc_pch():
+    """An NVRTC with precompiled headers (12.8+): PTXBACKEND_TEST_NVRTC_PCH, its lib directory (CI unpacks
+    nvidia-cuda-nvrtc 13.5.37 there)."""
+    found = os.environ.get("PTXBACKEND_TEST_NVRTC_PCH")
+    if not (found and os.path.isdir(found)):
+        _missing("NVRTC 12.8 or later (PTXBACKEND_TEST_NVRTC_PCH: its lib directory)")
+    return found
+
+
 @pytest.fixture
 def logging_nvcc(tmp_path, nvcc13):
     """An nvcc that appends each invocation to a log before running the real one.

@@ -8,6 +8,7 @@ compiler identity in the memo and its kernels in the cache never loads it.
 """
 
 import ctypes
+import logging
 import os
 import re
 import sys
@@ -16,7 +17,7 @@ import threading
 from ..errors import CompileError, CompilerNotFoundError
 from .base import Compiler, CompilerIdentity, archs_from_table, file_signature, unknown_arch_hint
 from .options import read_path_options
-from .reads import OpenedFiles, nvrtc_source_directory, scan_includes
+from .reads import UNKNOWN_READS, OpenedFiles, nvrtc_source_directory, scan_includes
 
 __all__ = ["NVRTC_ENV", "find_nvrtc", "probe_nvrtc", "NvrtcCompiler", "nvrtc_compiler"]
 
@@ -25,6 +26,16 @@ __all__ = ["NVRTC_ENV", "find_nvrtc", "probe_nvrtc", "NvrtcCompiler", "nvrtc_com
 from ..libsearch import NVRTC_ENV, NVRTC_HOW_TO_FIX as _FIX, find_nvrtc, is_nvrtc_builtins as _is_builtins
 
 _WINDOWS = sys.platform.startswith("win")
+log = logging.getLogger("ptxbackend")
+
+# NVRTC 12.8+'s precompiled headers.  A compile that reuses one opens none of the headers in it (NVRTC
+# 13.5, CuPy 14's headers: 64 files opened by the first compile, 0 by the next), and NVRTC reuses it in
+# the process after those headers changed (an edited header, even with a new mtime, is not seen).  What
+# such a compile read and what it returns cannot be trusted by the cache.
+_PCH_OPTIONS = ("pch", "use-pch", "create-pch")
+_PCH_REASON = ("NVRTC's precompiled headers (--pch, --use-pch, --create-pch) hide which headers a compile "
+               "read, and NVRTC reuses them after a header changed")
+_pch_warned = []
 
 # nvrtcResult values this module reacts to (nvrtc.h).
 _SUCCESS = 0
@@ -372,7 +383,13 @@ class NvrtcCompiler(Compiler):
             scanned = scan_includes(*scan) if opened.scan_first else None
         image = self._compile_program(source_bytes, name, name_bytes, encoded, command, arch, kind, opened)
         if inputs is not None:
-            if opened.paths is not None:
+            if uses_precompiled_headers(command[1:]):
+                if not _pch_warned:
+                    _pch_warned.append(True)
+                    log.warning("ptxbackend: %s: kernels compiled with them are not cached (drop the "
+                                "option to cache them)", _PCH_REASON)
+                inputs.append(UNKNOWN_READS + _PCH_REASON)
+            elif opened.paths is not None:
                 inputs.extend(opened.paths)
             else:
                 inputs.extend(scanned if scanned is not None else scan_includes(*scan))
@@ -438,6 +455,11 @@ class NvrtcCompiler(Compiler):
         raise CompileError("%s could not return the %s of %s (%s): %s"
                            % (self._where(), what, name, arch, library.error_name(result)),
                            command=command, returncode=result, log=self._log(library, program))
+
+
+def uses_precompiled_headers(options):
+    """Whether NVRTC ``options`` (text) make or use a precompiled header (``--pch``, ``-use-pch=f``...)."""
+    return any(option.lstrip("-").split("=", 1)[0] in _PCH_OPTIONS for option in options)
 
 
 def nvrtc_compiler(path=None, memo_dir=None):

@@ -1,0 +1,93 @@
+"""NVRTC's precompiled headers (12.8+) and the cache: what such a compile returns is never cached.
+
+NVRTC keeps a precompiled header in the process and reuses it for a later compile with the same
+options without opening the headers again, also after one of them changed.  These tests use a real
+NVRTC 13.5 (CI unpacks it; PTXBACKEND_TEST_NVRTC_PCH).
+"""
+
+import logging
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import ptxbackend
+from ptxbackend.compilers.nvrtc import uses_precompiled_headers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SOURCE = '#include "val.cuh"\nextern "C" __global__ void k%d(float* y) { y[0] = VAL + %d.0f; }\n'
+
+# The value kernel N stores, as a fresh process compiles it now (prints VAL + N).
+FRESH = r'''
+import re, struct, sys
+import ptxbackend
+source, inc, i = sys.argv[1], sys.argv[2], int(sys.argv[3])
+a = ptxbackend.compile(source, ("-I", inc, "--pch"), target="compute_90", compiler="nvrtc")
+bits = re.search(r"mov\.u32\s+%r\d+, (\d+);", bytes(a.image).decode()).group(1)
+print(struct.unpack("f", struct.pack("I", int(bits)))[0])
+'''
+
+
+def _stored(artifact):
+    bits = __import__("re").search(r"mov\.u32\s+%r\d+, (\d+);", bytes(artifact.image).decode()).group(1)
+    return struct.unpack("f", struct.pack("I", int(bits)))[0]
+
+
+@pytest.fixture
+def headers(tmp_path, nvrtc_pch, monkeypatch):
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc_pch)
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.cuh").write_text(u"#pragma once\n#define VAL 1.0f\n")
+    return inc
+
+
+def _compile(inc, i):
+    return ptxbackend.compile(SOURCE % (i, i), ("-I", str(inc), "--pch"), target="compute_90", compiler="nvrtc")
+
+
+def _fresh_process(inc, i):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    out = subprocess.check_output([sys.executable, "-c", FRESH, SOURCE % (i, i), str(inc), str(i)], env=env)
+    return float(out.decode().split()[-1])
+
+
+def test_a_kernel_that_reused_a_precompiled_header_is_not_cached_so_a_new_process_sees_the_edit(headers):
+    assert _stored(_compile(headers, 0)) == 1.0       # VAL + 0; makes the precompiled header
+    (headers / "val.cuh").write_text(u"#pragma once\n#define VAL 2.0f\n")
+    # NVRTC itself reuses the header it has: kernel 1 computes 1 + 1 in this process, not 2 + 1.  Had
+    # ptxbackend filed that (with the empty list of reads such a compile shows), later processes would get it.
+    assert _stored(_compile(headers, 1)) == 2.0, "NVRTC saw the edit: revisit nvrtc.py's precompiled headers"
+    assert _fresh_process(headers, 1) == 3.0
+
+
+def test_an_entry_an_older_version_filed_for_pch_options_is_never_served(headers, monkeypatch):
+    # 0.4.0 cached --pch compiles like any other: emulate it for the two compiles of the first process.
+    monkeypatch.setattr("ptxbackend.compilers.nvrtc.uses_precompiled_headers", lambda options: False)
+    monkeypatch.setattr("ptxbackend.request.uses_precompiled_headers", lambda options: False)
+    _compile(headers, 0)
+    _compile(headers, 1)  # reused the precompiled header: filed with no headers in its list
+    (headers / "val.cuh").write_text(u"#pragma once\n#define VAL 2.0f\n")
+    assert _fresh_process(headers, 1) == 3.0
+
+
+def test_compiles_with_precompiled_headers_say_once_why_they_are_not_cached(headers, caplog):
+    with caplog.at_level(logging.WARNING, logger="ptxbackend"):
+        _compile(headers, 0)
+        _compile(headers, 1)
+        again = _compile(headers, 1)
+    assert not again.cache_hit
+    said = [r.getMessage() for r in caplog.records if "precompiled headers" in r.getMessage()]
+    assert len(said) <= 1 and all("not cached" in m for m in said)
+
+
+@pytest.mark.parametrize("options, expected", [
+    (["--pch"], True), (["-pch"], True), (["--use-pch=k.pch"], True), (["-create-pch=k.pch"], True),
+    (["--std=c++17", "--pch"], True),
+    (["--pch-verbose=true"], False), (["-DPCH"], False), (["--std=c++17"], False), ([], False),
+])
+def test_which_options_make_or_use_a_precompiled_header(options, expected):
+    assert uses_precompiled_headers(options) is expected
