@@ -14,6 +14,7 @@ import time
 
 from . import driver
 from . import image as image_step
+from . import precompiled
 from . import request as requests
 from . import toolchain
 from .artifact import Artifact
@@ -109,7 +110,8 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
             found = _valid(store.read(entry, key, chosen.output_kind, False, True), entry, store)
             changed = found is None and not comp.identity.all_unchanged()
             if found is None and not changed:
-                return _build(store, comp, source, request, chosen, name, key, entry, reason, cc, extra_system)
+                return _build(store, comp, source, request, chosen, name, key, entry, reason, cc, extra_system,
+                              settings.nvrtc_pch)
     if found is None:
         # A file behind the toolkit changed (cicc, ptxas, nvcc.profile ...): probe it again, with the
         # entry's lock released, before anything is built and filed under the old identity.
@@ -125,15 +127,22 @@ def _compile(settings, source, options, compiler, name, source_dir=None, jit_fir
     return artifact
 
 
-def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, extra_system):
+def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, extra_system, pch=False):
     """Compile a miss (its lock held) and file it with its dependency set."""
     inputs = list(request.path_options.option_files)
-    started = time.time()
-    image = comp.compile(source, request.options, chosen, name, inputs)
+    started = time.time()  # before the precompiled headers' check: a change after it is too new
+    generation = precompiled.current() if precompiled.applies(comp, request.options, pch) else None
+    if generation is None:
+        image = comp.compile(source, request.options, chosen, name, inputs)
+    else:
+        image = comp.compile(source, request.options, chosen, name, inputs, generation.number)
+        inputs = precompiled.reads(generation, request.options, inputs)
     search = comp.search_path(request.path_options, name, request.options) + list(extra_system)
     built = depsets.build(inputs, search, list(comp.identity.system_dirs) + list(extra_system),
                           request.path_options.named_dirs + environment_include_dirs(), source, started,
                           comp.source_directory(name, request.options), comp.dates_from_epoch)
+    if generation is not None:
+        precompiled.built(generation, request.options, built)
     producer = comp.identity.producer
     artifact = Artifact(image, chosen.output_kind, chosen, producer, key, entry, False, reason, cc, store)
     artifact.deps = built.section

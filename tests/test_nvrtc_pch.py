@@ -91,3 +91,62 @@ def test_compiles_with_precompiled_headers_say_once_why_they_are_not_cached(head
 ])
 def test_which_options_make_or_use_a_precompiled_header(options, expected):
     assert uses_precompiled_headers(options) is expected
+
+
+# -- ptxbackend's own use of them (PTXBACKEND_NVRTC_PCH=1, precompiled.py) --------------------------------
+
+def _own(inc, i, *dirs, **kwargs):
+    options = sum((("-I", str(d)) for d in dirs or (inc,)), ())
+    return ptxbackend.compile(SOURCE % (i, i), options, target=kwargs.get("target", "compute_90"),
+                              compiler="nvrtc")
+
+
+@pytest.fixture
+def own_pch(headers, monkeypatch):
+    monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "1")
+    return headers
+
+
+def test_own_precompiled_headers_see_a_header_edited_between_two_compiles_of_one_process(own_pch):
+    assert _stored(_own(own_pch, 0)) == 1.0
+    (own_pch / "val.cuh").write_text(u"#pragma once\n#define VAL 2.0f\n")
+    assert _stored(_own(own_pch, 1)) == 3.0  # NVRTC alone would reuse its header: 1 + 1
+
+
+def test_a_compile_that_reused_the_precompiled_header_records_the_headers_it_was_made_of(own_pch):
+    _own(own_pch, 0)
+    first = _own(own_pch, 1)  # NVRTC opens no header for this one
+    assert b"val.cuh" in first.store.load_depset(first.deps.decode()), "kernel 1's set lacks the header"
+    (own_pch / "val.cuh").write_text(u"#pragma once\n#define VAL 2.0f\n")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    env.pop("PTXBACKEND_NVRTC_PCH")
+    out = subprocess.check_output([sys.executable, "-c", FRESH.replace('"--pch"', ""), SOURCE % (1, 1),
+                                   str(own_pch), "1"], env=env)
+    assert float(out.decode().split()[-1]) == 3.0
+
+
+def test_own_precompiled_headers_see_a_new_header_that_shadows_one_they_hold(own_pch, tmp_path):
+    first = tmp_path / "first"
+    first.mkdir()
+    assert _stored(_own(own_pch, 0, first, own_pch)) == 1.0
+    (first / "val.cuh").write_text(u"#pragma once\n#define VAL 5.0f\n")
+    assert _stored(_own(own_pch, 1, first, own_pch)) == 6.0
+
+
+def test_own_precompiled_headers_change_no_byte(headers, monkeypatch, tmp_path):
+    plain = [bytes(_own(headers, i).image) for i in range(3)]
+    monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "1")
+    monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(tmp_path / "with-pch"))
+    assert [bytes(_own(headers, i).image) for i in range(3)] == plain
+
+
+def test_an_nvrtc_without_precompiled_headers_is_not_asked_for_them(nvrtc117, monkeypatch, tmp_path):
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc117)
+    monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "1")
+    (tmp_path / "val.cuh").write_text(u"#pragma once\n#define VAL 1.0f\n")
+    assert _stored(_own(tmp_path, 0, target="compute_87")) == 1.0
+
+
+def test_own_precompiled_headers_are_off_by_default(headers):
+    from ptxbackend.config import load_settings
+    assert load_settings().nvrtc_pch is False

@@ -386,6 +386,16 @@ def fresh(section, load, complete=True, missing_ok=False):
     return True
 
 
+def holds_now(blob):
+    """Whether the set ``blob`` (what :func:`build` made) holds, checked in full now: no memory of an
+    earlier check, no watcher (precompiled.py must know before NVRTC reuses what it made from it)."""
+    try:
+        body = json.loads(blob.decode("ascii"))
+    except ValueError:
+        return False
+    return well_formed(body) and _check(_Parsed(body), True, False)
+
+
 def _forget_what_changed():
     """Drop the sets checked and built, when the watcher heard a change or this is a forked child."""
     if _owner[0] != process_id() or _watcher_saw_changes():

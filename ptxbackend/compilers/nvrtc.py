@@ -326,7 +326,7 @@ class NvrtcCompiler(Compiler):
     def _where(self):
         return "NVRTC %s at %s" % (self.identity.version, self.identity.path)
 
-    def compile(self, source, options, target, name="kernel.cu", inputs=None):
+    def compile(self, source, options, target, name="kernel.cu", inputs=None, precompiled=None):
         """Compile ``source`` for ``target`` (a single-part Target) and return PTX or cubin bytes.
 
         The options are passed after ``--gpu-architecture=<target>`` exactly as
@@ -337,6 +337,9 @@ class NvrtcCompiler(Compiler):
             CompileError: NVRTC failed (the error carries the option list, the
                 ``nvrtcResult`` as ``returncode``, the program log and a hint),
                 or the target is a fatbin, or a cubin from an NVRTC before 11.1.
+
+        ``precompiled``: a generation number (precompiled.py) to compile with NVRTC's precompiled
+        headers of that generation; ``inputs`` then gets only what this compile itself opened.
         """
         kind = target.output_kind
         arch = "%s_%d%s" % target.parts[0]
@@ -360,6 +363,12 @@ class NvrtcCompiler(Compiler):
         encoded = [_as_bytes("--gpu-architecture=" + arch, "option")]
         encoded += [_as_bytes(option, "each option") for option in options]
         command = [_as_text(option) for option in encoded]
+        users_pch = uses_precompiled_headers(command[1:])
+        if precompiled is not None:
+            # Options choose the precompiled header NVRTC reuses: a generation of its own is a new one.
+            own = ["--pch", "-D__ptxbackend_pch_generation=%d" % precompiled]
+            encoded += [option.encode("ascii") for option in own]
+            command += own
         source_bytes = _as_bytes(source, "source")
         name_bytes = _as_bytes(name, "name")
         # C strings end at the first NUL: NVRTC would silently compile a
@@ -383,7 +392,7 @@ class NvrtcCompiler(Compiler):
             scanned = scan_includes(*scan) if opened.scan_first else None
         image = self._compile_program(source_bytes, name, name_bytes, encoded, command, arch, kind, opened)
         if inputs is not None:
-            if uses_precompiled_headers(command[1:]):
+            if users_pch:
                 if not _pch_warned:
                     _pch_warned.append(True)
                     log.warning("ptxbackend: %s: kernels compiled with them are not cached (drop the "
@@ -397,6 +406,14 @@ class NvrtcCompiler(Compiler):
 
     def source_directory(self, name, options):
         return nvrtc_source_directory(name, options)
+
+    @property
+    def has_precompiled_headers(self):
+        """NVRTC 12.8 brought them (``--pch``)."""
+        try:
+            return tuple(int(part) for part in self.identity.version.split(".")[:2]) >= (12, 8)
+        except ValueError:
+            return False
 
     def _compile_program(self, source_bytes, name, name_bytes, encoded, command, arch, kind, opened):
         library = self._lib()
