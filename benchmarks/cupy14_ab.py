@@ -15,6 +15,7 @@ the arms ABAB (order reversed every other round) so that arms compared share the
 
     python benchmarks/cupy14_ab.py --tree 0.2.0=/tmp/pb020 --tree now=. --rounds 3 --out ab
     python benchmarks/cupy14_ab.py --tree now=. --dry-run     # no GPU: checks arms and hooks only
+    python benchmarks/cupy14_ab.py --tree now=. --tree pch=. --arm-env pch:PTXBACKEND_NVRTC_PCH=1 --out ab
 
 Writes results.json (every child's figures) and summary.md (medians, ratios to stock per round,
 the issue's targets: warm at most 0.5x stock, cold at most 1x stock).  Inherited PTXBACKEND_*
@@ -183,6 +184,7 @@ def _machine():
 def run_child(mode, arm, caches, args):
     # PTXBACKEND_*: every arm on defaults; the cache variables: each child gets its own (abrun.child_env)
     env = abrun.child_env(caches, ("PTXBACKEND_",), ("CUPY_CACHE_DIR", "CUDA_CACHE_PATH"))
+    env.update(arm.get("env") or {})  # --arm-env: the one setting this arm is about
     return abrun.launch(__file__, MARK, mode, arm, caches, env, args)
 
 
@@ -275,6 +277,8 @@ def _save(results, out):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR", help="a ptxbackend source tree arm")
+    p.add_argument("--arm-env", action="append", default=[], metavar="NAME:VAR=VALUE",
+                   help="a variable set for tree arm NAME's children only (e.g. pch:PTXBACKEND_NVRTC_PCH=1)")
     abrun.add_run_options(p, child_timeout=300,
                           budget_help="start no round that the longest round so far would push past this",
                           dry_run_help="check arms and hooks in a child each; run no kernel")
@@ -286,6 +290,13 @@ def main(argv=None):
     if not args.dry_run and not args.out:
         p.error("--out is needed (or --dry-run)")
     arms = [{"name": "stock", "dir": None}] + abrun.parse_trees(args.tree, "stock")
+    for spec in args.arm_env:
+        name, colon, assignment = spec.partition(":")
+        var, eq, value = assignment.partition("=")
+        arm = [a for a in arms if a["name"] == name and a["dir"]]
+        if not (colon and eq and var and arm):
+            p.error("--arm-env %r: write NAME:VAR=VALUE for a --tree arm NAME" % spec)
+        arm[0].setdefault("env", {})[var] = value
     scratch = tempfile.mkdtemp(prefix="cupy14-ab-")
     results = {"started": time.time(), "kernels": args.kernels, "rounds": args.rounds, "arms": arms,
                "machine": _machine(), "checks": {}, "runs": [], "rounds_done": 0}

@@ -1,5 +1,6 @@
 # Sourced by issue24-cupy14.sh and issue24-chainer.sh: the wheels, 0.2.0's tree and nvcc 11.2 unpacked,
-# then the CuPy 14 A/B (stock, 0.2.0, this tree) with ROUNDS rounds within BUDGET seconds.
+# then the CuPy 14 A/B (stock, 0.2.0, this tree, this tree with PTXBACKEND_NVRTC_PCH=1) with ROUNDS rounds
+# within BUDGET seconds.
 export PYTHONUNBUFFERED=1
 set -u
 D=.device/run24
@@ -11,6 +12,6 @@ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
 
 say "1. CuPy 14 A/B"
 PYTHONPATH=/tmp/site timeout $((BUDGET + 60)) python3 benchmarks/cupy14_ab.py --tree 0.2.0=/tmp/pb020 \
-  --tree now="$PWD" --rounds "$ROUNDS" --budget-s "$BUDGET" --child-timeout 110 --out "$OUT/cupy14-ab" \
+  --tree now="$PWD" --tree pch="$PWD" --arm-env pch:PTXBACKEND_NVRTC_PCH=1 --rounds "$ROUNDS" --budget-s "$BUDGET" --child-timeout 110 --out "$OUT/cupy14-ab" \
   > "$OUT/cupy14-ab.log" 2>&1
 say "rc=$?"
