@@ -142,7 +142,7 @@ def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, e
                           request.path_options.named_dirs + environment_include_dirs(), source, started,
                           comp.source_directory(name, request.options), comp.dates_from_epoch)
     if generation is not None:
-        precompiled.built(generation, request.options, built)
+        precompiled.built(generation, request.options, inputs, built)
     producer = comp.identity.producer
     artifact = Artifact(image, chosen.output_kind, chosen, producer, key, entry, False, reason, cc, store)
     artifact.deps = built.section

@@ -34,7 +34,7 @@ class Generation(object):
     def __init__(self, number):
         self.number = number
         self.reads = {}  # options -> (the paths read by this generation's compiles with them, as a set too)
-        self.last = {}   # options -> the set of the last such compile (a superset of the earlier ones)
+        self.last = {}   # options -> (reads, the set) of the compile with the most reads (they only grow)
 
 
 _lock = threading.Lock()
@@ -51,7 +51,7 @@ def current():
     """The generation to compile in: a new one when what the current one was made from changed."""
     with _lock:
         generation = _current[0]
-        sets = list(generation.last.values())
+        sets = [blob for _, blob in generation.last.values()]
     if all(depsets.holds_now(blob) for blob in sets):
         return generation
     return _next_after(generation)
@@ -80,14 +80,16 @@ def reads(generation, options, own):
         return list(paths)
 
 
-def built(generation, options, made):
-    """Remember the set ``made`` (a :class:`depsets.Built`) as the last of its option list."""
+def built(generation, options, inputs, made):
+    """Remember the set ``made`` (a :class:`depsets.Built`) of a compile that read ``inputs`` (what
+    :func:`reads` said): the one of the most reads is a superset of the others, even when compiles in
+    threads finish out of order."""
     with _lock:
         if _current[0] is not generation:
             return
         if made.blob is None and made.volatile or len(generation.last) >= _LIMIT:
             # What it read cannot be told (or too many option lists): its precompiled header is not trusted.
             _current[0] = Generation(generation.number + 1)
-        elif made.blob is not None:
-            generation.last[options] = made.blob
+        elif made.blob is not None and len(inputs) >= generation.last.get(options, (0, None))[0]:
+            generation.last[options] = (len(inputs), made.blob)
 
