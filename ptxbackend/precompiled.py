@@ -54,14 +54,15 @@ def current():
         sets = [blob for _, blob in generation.last.values()]
     if all(depsets.holds_now(blob) for blob in sets):
         return generation
-    return _next_after(generation)
-
-
-def _next_after(generation):
     with _lock:
         if _current[0] is generation:
-            _current[0] = Generation(generation.number + 1)
+            _end(generation)
         return _current[0]
+
+
+def _end(generation):
+    """Start the generation after ``generation`` (the lock held): its precompiled headers are not used again."""
+    _current[0] = Generation(generation.number + 1)
 
 
 def reads(generation, options, own):
@@ -89,7 +90,6 @@ def built(generation, options, inputs, made):
             return
         if made.blob is None and made.volatile or len(generation.last) >= _LIMIT:
             # What it read cannot be told (or too many option lists): its precompiled header is not trusted.
-            _current[0] = Generation(generation.number + 1)
+            _end(generation)
         elif made.blob is not None and len(inputs) >= generation.last.get(options, (0, None))[0]:
             generation.last[options] = (len(inputs), made.blob)
-
