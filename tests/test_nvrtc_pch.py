@@ -7,6 +7,7 @@ NVRTC 13.5 (CI unpacks it; PTXBACKEND_TEST_NVRTC_PCH).
 
 import logging
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -32,7 +33,7 @@ print(struct.unpack("f", struct.pack("I", int(bits)))[0])
 
 
 def _stored(artifact):
-    bits = __import__("re").search(r"mov\.u32\s+%r\d+, (\d+);", bytes(artifact.image).decode()).group(1)
+    bits = re.search(r"mov\.u32\s+%r\d+, (\d+);", bytes(artifact.image).decode()).group(1)
     return struct.unpack("f", struct.pack("I", int(bits)))[0]
 
 
