@@ -123,18 +123,44 @@ def time_kernels(cupy, x, y, specs, dirs):
     before = {k: dir_stats(v) for k, v in dirs.items()}
     specs = list(specs)
     gc.collect()  # not inside the timed loop
+    collector = _GcMeter()
     each = []
+    gc.callbacks.append(collector)
     t0 = perf()
-    for spec in specs:
-        t = perf()
-        cupy.ElementwiseKernel(*spec)(x, y)  # the first launch compiles (or finds it cached)
-        each.append(perf() - t)
-    cupy.cuda.runtime.deviceSynchronize()
-    total = perf() - t0
+    try:
+        for spec in specs:
+            t = perf()
+            cupy.ElementwiseKernel(*spec)(x, y)  # the first launch compiles (or finds it cached)
+            each.append(perf() - t)
+        cupy.cuda.runtime.deviceSynchronize()
+        total = perf() - t0
+    finally:
+        gc.callbacks.remove(collector)
     n = len(specs)
     return {"total_s": total, "per_kernel_ms": total / n * 1e3, "median_kernel_ms": statistics.median(each) * 1e3,
-            "max_kernel_ms": max(each) * 1e3,
+            "max_kernel_ms": max(each) * 1e3, "gc": collector.report(n),
             "caches": {k: {"before": before[k], "after": dir_stats(v)} for k, v in dirs.items()}}
+
+
+class _GcMeter(object):
+    """The cyclic collector's runs inside the timed loop, per generation, and the time they took: a
+    mean per kernel can hide one full collection that a median does not see."""
+
+    def __init__(self):
+        self.started = None
+        self.runs = [0, 0, 0]
+        self.seconds = 0.0
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self.started = time.perf_counter()
+        elif self.started is not None:
+            self.seconds += time.perf_counter() - self.started
+            self.runs[info.get("generation", 0)] += 1
+            self.started = None
+
+    def report(self, n):
+        return {"runs_by_generation": self.runs, "ms_per_kernel": self.seconds / n * 1e3}
 
 
 def timed(function, seconds):
@@ -150,20 +176,59 @@ def timed(function, seconds):
     return wrapper
 
 
+def hook_entry(engine):
+    """The name of the engine function a tree's CuPy hook calls: ``compile_with`` (settings resolved
+    once per kernel) where the tree has it, ``compile`` in older trees."""
+    return "compile_with" if hasattr(engine, "compile_with") else "compile"
+
+
 def probe_engine(records, seconds):
     """Record each artifact the hook gets from ptxbackend's engine, and how long its compile() took.
 
-    CuPy never shows the artifact, so the engine's compile() is wrapped: one Python call and an
-    append per kernel (well under a microsecond, against the ~0.2-0.5 ms a warm kernel costs).
+    CuPy never shows the artifact, so the engine function the hook calls is wrapped: one Python call
+    and an append per kernel (well under a microsecond, against the ~0.2-0.5 ms a warm kernel costs).
     """
     from ptxbackend import engine
-    compile_ = timed(engine.compile, seconds)
+    name = hook_entry(engine)
+    compile_ = timed(getattr(engine, name), seconds)
 
     def compile(*args, **kwargs):
         artifact = compile_(*args, **kwargs)
         records.append(artifact)
         return artifact
-    engine.compile = compile
+    setattr(engine, name, compile)
+
+
+# The hook's own steps around the engine call (timed by probe_engine), by their names in
+# ptxbackend.cupy_integration; a tree without one of them is timed without it (0.2.0 resolves its settings
+# with load_settings, the working tree once with compile_settings).
+HOOK_STAGES = ("compile_settings", "load_settings", "_cupy_options", "_use_cupy_context", "_load")
+
+
+def probe_stages(seconds):
+    """Time the hook's steps besides the engine call into ``seconds`` ({name: [s, ...]}): where a warm
+    kernel's time inside the cache function goes when compile() and the module load do not explain it."""
+    from ptxbackend import cupy_integration
+    for name in HOOK_STAGES:
+        if callable(getattr(cupy_integration, name, None)):
+            setattr(cupy_integration, name, timed(getattr(cupy_integration, name), seconds.setdefault(name, [])))
+
+
+def stage_report(seconds, n):
+    """us per kernel (the sum over the N kernels / N), the median call and the calls, per stage."""
+    return dict((name, {"us_per_kernel": sum(v) / n * 1e6, "median_us": statistics.median(v) * 1e6,
+                        "calls": len(v)}) for name, v in seconds.items() if v)
+
+
+def stage_summary(mine, phase="warm"):
+    """{stage: stats of its us per kernel over the rounds} of one arm's children in ``phase``."""
+    names = sorted(set(n for v in mine.values() for n in v.get("stages", {})))
+    return dict((n, stats([v.get("stages", {}).get(n, {}).get("us_per_kernel") for v in mine.values()]))
+                for n in names)
+
+
+def stage_text(stage_stats):
+    return ", ".join("%s %.1f" % (n.strip("_"), v["median"]) for n, v in sorted(stage_stats.items()) if v) or "-"
 
 
 def report_check(mark, cupy, report, kernels, kernel_spec, info):

@@ -142,7 +142,8 @@ def _count_ptxbackend_compiles():
     """Count the compiles the hook hands to ptxbackend, and their cache hits (a few microseconds each)."""
     from ptxbackend import engine
     stats = {"served": 0, "hits": 0, "kinds": []}
-    original = engine.compile
+    entry = "compile_with" if hasattr(engine, "compile_with") else "compile"  # what the hook calls
+    original = getattr(engine, entry)
 
     def counting(*args, **kwargs):
         artifact = original(*args, **kwargs)
@@ -152,7 +153,7 @@ def _count_ptxbackend_compiles():
             stats["kinds"].append(artifact.kind)
         return artifact
 
-    engine.compile = counting
+    setattr(engine, entry, counting)
     return stats
 
 

@@ -133,18 +133,23 @@ def child(args):
         return abrun.report_check(MARK, cupy, report, args.kernels, kernel_spec, _cupy_info)
 
     import numpy
-    records = []
+    records, compile_seconds, stage_seconds = [], [], {}
     if tree:
-        abrun.probe_engine(records, [])
+        abrun.probe_engine(records, compile_seconds)
+        abrun.probe_stages(stage_seconds)
     dirs = abrun.cache_dirs()
     x, y, timings = abrun.make_context(cupy, 4096, WARMUP)  # warm-up: nvcc --version among others
     report.update(timings)
     if tree:  # 0 would mean the tree's hook reaches the engine some other way: no hit counts then
         report["probe_saw_warmup"] = len(records)
-    del records[:]
+    del records[:], compile_seconds[:]
+    for seconds in stage_seconds.values():
+        del seconds[:]
     report.update(abrun.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
     if tree:
         report["artifacts"] = _summarise_artifacts(records)
+        report["compile_us_per_kernel"] = sum(compile_seconds) / args.kernels * 1e6
+        report["stages"] = abrun.stage_report(stage_seconds, args.kernels)
         import ptxbackend
         if hasattr(ptxbackend, "cache_counters"):  # 0.2.0 has none; the fleet mode reads round trips here
             report["counters"] = ptxbackend.cache_counters()
@@ -297,6 +302,11 @@ def summarise(results):
             for k, n in v.get("artifacts", {}).get("kinds", {}).items():
                 kinds[k] = kinds.get(k, 0) + n
         row["cold_kinds"] = kinds
+        warm = per.get((arm["name"], "warm"), {})
+        row["warm_compile_per_kernel"] = abrun.stats([v.get("compile_us_per_kernel") for v in warm.values()])
+        row["warm_stages"] = abrun.stage_summary(warm)
+        row["warm_median_kernel"] = abrun.stats([v.get("median_kernel_ms") for v in warm.values()])
+        row["warm_gc"] = abrun.stats([v.get("gc", {}).get("ms_per_kernel") for v in warm.values()])
         out[arm["name"]] = row
     return out
 
@@ -334,6 +344,16 @@ def render(results):
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s / %s |" % (
             arm["name"], fmt(row["cold"]), fmt(row["warm"]), fmt(row["cold_ratio"]), fmt(row["warm_ratio"]),
             verdicts[0], verdicts[1], row["cold_nvcc_compiles"], row["warm_nvcc_compiles"]))
+    lines += ["", "Where a warm kernel's time goes (medians over rounds): the median kernel, the garbage collector "
+              "inside the timed loop, and for a tree arm us per kernel in ptxbackend's engine call and in each of "
+              "the hook's other steps.", "",
+              "| arm | warm median kernel ms | GC ms/kernel | engine call us | other steps us |",
+              "| --- | --- | --- | --- | --- |"]
+    for arm in results["arms"]:
+        row = summary[arm["name"]]
+        lines.append("| %s | %s | %s | %s | %s |" % (arm["name"], fmt(row["warm_median_kernel"]), fmt(row["warm_gc"]),
+                                                    fmt(row["warm_compile_per_kernel"], "%.1f"),
+                                                    abrun.stage_text(row["warm_stages"])))
     lines.append("")
     for arm in results["arms"]:
         row = summary[arm["name"]]

@@ -81,6 +81,7 @@ def _verify(tree, pth_file):
 
 artifact_seconds = []
 cache_function_seconds = []
+stage_seconds = {}  # a tree arm's hook, step by step (abrun.probe_stages)
 
 
 def _time_cache_function():
@@ -140,6 +141,7 @@ def child(args):
     records = []
     if tree:
         abrun.probe_engine(records, artifact_seconds)
+        abrun.probe_stages(stage_seconds)
     _time_cache_function()
     dirs = abrun.cache_dirs()
     x, y, timings = abrun.make_context(cupy, 1024, WARMUP)  # warm-up: NVRTC's start-up among others
@@ -148,6 +150,8 @@ def child(args):
         report["probe_saw_warmup"] = len(records)
     report["warmup_cache_function_ms"] = sum(cache_function_seconds) * 1e3
     del records[:], cache_function_seconds[:], artifact_seconds[:]
+    for seconds in stage_seconds.values():
+        del seconds[:]
     report.update(abrun.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
     n = args.kernels
     # The program's view: its first kernel (which pays each arm's one-time costs: NVRTC's start-up and
@@ -161,6 +165,8 @@ def child(args):
     report["cache_bytes_per_kernel"] = (pb["after"]["bytes"] - pb["before"]["bytes"]) / n
     if tree:
         report["artifacts"] = _summarise_artifacts(records)
+        report["artifacts"]["in_compile_us_per_kernel"] = sum(artifact_seconds) / n * 1e6
+        report["stages"] = abrun.stage_report(stage_seconds, n)
     report.update(_cupy_info(cupy))
     abrun.emit(MARK, report)
 
@@ -205,6 +211,12 @@ def summarise(results):
                                                                  for v in mine.values()])
             row[phase + "_in_compile"] = abrun.stats([v.get("artifacts", {}).get("in_compile_ms_median")
                                                       for v in mine.values()])
+            row[phase + "_median_kernel"] = abrun.stats([v.get("median_kernel_ms") for v in mine.values()])
+            row[phase + "_gc"] = abrun.stats([v.get("gc", {}).get("ms_per_kernel") for v in mine.values()])
+            row[phase + "_gc_full_runs"] = [v["gc"]["runs_by_generation"][2] for v in mine.values() if "gc" in v]
+            row[phase + "_compile_per_kernel"] = abrun.stats([v.get("artifacts", {}).get("in_compile_us_per_kernel")
+                                                              for v in mine.values()])
+            row[phase + "_stages"] = abrun.stage_summary(mine, phase)
             row[phase + "_hits"] = [v["artifacts"]["hits"] for v in mine.values() if "artifacts" in v]
             row[phase + "_served"] = [v["artifacts"]["served"] for v in mine.values() if "artifacts" in v]
             row[phase + "_cupy_files"] = [v["caches"]["cupy"]["after"]["files"] - v["caches"]["cupy"]["before"]["files"]
@@ -246,6 +258,19 @@ def render(results):
             arm["name"], fmt(row["cold_with_first"]), fmt(row["warm_with_first"]),
             fmt(row["cold_with_first_ratio"]), fmt(row["warm_with_first_ratio"]), fmt(row["warm_cache_function"]),
             fmt(row["warm_warmup_cache_function"], "%.1f"), fmt(row["warm_in_compile"])))
+    lines += ["", "Where a warm kernel's time goes (medians over rounds): the mean against the median kernel (a "
+              "gap is a few slow kernels), the cyclic garbage collector's share inside the timed loop and its "
+              "full collections per child, and, for a tree arm, us per kernel in ptxbackend's compile() and in "
+              "each of the hook's other steps.", "",
+              "| arm | warm mean ms | warm median ms | GC ms/kernel | full GCs | cache function ms | compile() us | "
+              "other steps us |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for arm in results["arms"]:
+        row = summary[arm["name"]]
+        steps = abrun.stage_text(row["warm_stages"])
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            arm["name"], fmt(row["warm"]), fmt(row["warm_median_kernel"]), fmt(row["warm_gc"]),
+            row["warm_gc_full_runs"] or "-", fmt(row["warm_cache_function"]),
+            fmt(row["warm_compile_per_kernel"], "%.1f"), steps))
     lines.append("")
     for arm in results["arms"]:
         row = summary[arm["name"]]

@@ -106,8 +106,9 @@ KNOBS = {
     # How a hit knows the toolkit is the one that made the entry (docs/configuration.md).
     "compiler_check": ("PTXBACKEND_COMPILER_CHECK", "stat", parse_compiler_check),
     "deps_recheck": ("PTXBACKEND_DEPS_RECHECK", 0.0, parse_seconds),
-    # NVRTC 12.8+'s precompiled headers for ptxbackend's own compiles (precompiled.py): off until measured.
-    "nvrtc_pch": ("PTXBACKEND_NVRTC_PCH", False, parse_bool),
+    # NVRTC 12.8+'s precompiled headers for ptxbackend's own compiles (precompiled.py): a CuPy 14 miss on
+    # the H200 in 0.67x stock CuPy's time (docs/benchmarks.md); 0 turns them off.
+    "nvrtc_pch": ("PTXBACKEND_NVRTC_PCH", True, parse_bool),
 }
 
 # Variables the compilers read that change what they produce: part of every request's key.  The

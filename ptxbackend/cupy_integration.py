@@ -30,9 +30,10 @@ import sys
 # The start-up hook's own reading of PTXBACKEND_DISABLE, so the two never disagree.
 from _ptxbackend_pth import disabled as _disabled
 
+from . import driver
 from . import engine
 from . import image as image_step
-from .config import load_settings
+from .config import compile_settings, load_settings
 from .errors import ConfigError, PtxBackendError, TargetError
 
 log = logging.getLogger("ptxbackend")
@@ -197,11 +198,19 @@ def _use_cupy_context(compiler_module):
     """Make CuPy's context for its current device current, as CuPy itself does before a load.
 
     CuPy creates contexts lazily; ptxbackend reads the device from the current
-    context and JIT-links in it, so without this it could pick device 0.
+    context and JIT-links in it, so without this it could pick device 0.  When
+    a context of CuPy's current device is current already (every kernel after
+    the first), nothing is called: ``cudaMemGetInfo`` asks the driver (13.7 us a
+    kernel on the H200), the two questions here do not.
     """
     runtime = getattr(compiler_module, "runtime", None)  # v7+; older ones: the cupy.cuda.runtime module
     if runtime is None:
         runtime = importlib.import_module("cupy.cuda.runtime")
+    try:
+        if driver.context_device() == runtime.getDevice():
+            return
+    except Exception:  # no getDevice (a CuPy this was not written for), no driver: ask CuPy, as always
+        pass
     runtime.memGetInfo()
 
 
@@ -219,10 +228,11 @@ def _load(compiler_module, artifact):
 
 def _serve(compiler_module, gen, call):
     backend = "nvcc" if gen == "v1" else (call.get("backend") or "nvrtc")
-    kind = load_settings().compiler or backend  # PTXBACKEND_COMPILER (or the config file) wins
+    settings = compile_settings()
+    kind = settings.compiler or backend  # PTXBACKEND_COMPILER (or the config file) wins
     options = tuple(call.get("options") or ()) + _cupy_options(compiler_module, gen, kind)
     _use_cupy_context(compiler_module)
-    artifact = engine.compile(call["source"], options, compiler=kind)
+    artifact = engine.compile_with(settings, call["source"], options, kind)
     log.debug("ptxbackend: CuPy kernel %s: %s %s", artifact.key[:12], artifact.kind, artifact.target)
     return _load(compiler_module, artifact)
 

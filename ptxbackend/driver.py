@@ -33,7 +33,7 @@ from .libcuda import (CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX, CUDA_ERR
 __all__ = [
     "available", "driver_version", "driver_build", "library_path", "device_count",
     "device_name", "compute_capability", "current_device", "ensure_context",
-    "load_module", "jit_image", "link_ptx", "synchronize", "Module", "Function", "DeviceBuffer",
+    "context_device", "load_module", "jit_image", "link_ptx", "synchronize", "Module", "Function", "DeviceBuffer",
 ]
 
 # CUjit_option values (cuda.h, enum CUjit_option_enum).
@@ -159,10 +159,16 @@ def compute_capability(ordinal=0):
 
 def current_device():
     """The ordinal of the device of this thread's current context, or 0 when none is current."""
+    found = context_device()
+    return 0 if found is None else found
+
+
+def context_device():
+    """The ordinal of the device of this thread's current context, or ``None`` when none is current."""
     import ctypes
     api = _driver()
     if not _current_context(api):
-        return 0
+        return None
     device = ctypes.c_int()
     _check(api, api.cuCtxGetDevice(ctypes.byref(device)), "cuCtxGetDevice")
     return device.value

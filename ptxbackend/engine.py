@@ -58,7 +58,13 @@ def compile(source, options=(), target=None, compiler=None, device_cc=None, cach
             ``#include "..."`` lines find headers beside it, as a compiler
             run in that directory would.
     """
-    settings = compile_settings(target, compiler, device_cc, cache_dir)
+    return compile_with(compile_settings(target, compiler, device_cc, cache_dir), source, options, compiler,
+                        name, source_dir)
+
+
+def compile_with(settings, source, options=(), compiler=None, name="kernel.cu", source_dir=None):
+    """:func:`compile` with settings already resolved (``config.compile_settings``), e.g. by CuPy's
+    hook, which reads them to choose the compiler: one resolve per kernel, not two."""
     # A path that is not UTF-8 may come as bytes (NVRTC takes it): as str with its bytes kept.
     options = tuple(os.fsdecode(o) if isinstance(o, bytes) else str(o) for o in options) if options else ()
     artifact = _compile(settings, source, options, compiler, name, source_dir)

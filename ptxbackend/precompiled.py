@@ -1,4 +1,5 @@
-"""NVRTC's precompiled headers (12.8+) for ptxbackend's own compiles (``PTXBACKEND_NVRTC_PCH=1``).
+"""NVRTC's precompiled headers (12.8+) for ptxbackend's own compiles (on by default;
+``PTXBACKEND_NVRTC_PCH=0`` turns them off).
 
 NVRTC keeps a precompiled header in the process and reuses it for any later compile with the same
 options: such a compile opens none of the headers in it, and NVRTC reuses it after one of them changed

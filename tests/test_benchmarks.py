@@ -257,3 +257,38 @@ def test_compare_warm_judges_the_issue_budgets(bench_modules, tmp_path):
                                 host="other"), handle)
     text, _ = compare_warm.render(*paths)
     assert "differ in host" in text and "same ptxbackend" in text and "with headers, N=100: not measured" in text
+
+
+def _ab_child(per_kernel, median, gc_ms, full, stages=None):
+    child = {"per_kernel_ms": per_kernel, "median_kernel_ms": median, "with_first_ms": per_kernel, "wall_s": 3.0,
+             "gc": {"runs_by_generation": [40, 4, full], "ms_per_kernel": gc_ms},
+             "caches": {"cupy": {"before": {"files": 0}, "after": {"files": 0}},
+                        "ptxbackend": {"before": {"bytes": 0}, "after": {"bytes": 0}}},
+             "cache_function_ms_per_kernel": per_kernel / 2, "cache_bytes_per_kernel": 0}
+    if stages is not None:
+        child["artifacts"] = {"hits": 100, "served": 100, "in_compile_us_per_kernel": 72.0}
+        child["stages"] = {name: {"us_per_kernel": us, "median_us": us, "calls": 100} for name, us in stages.items()}
+    return child
+
+
+def test_cupy14_ab_summary_shows_the_collector_and_the_hook_s_steps(monkeypatch):
+    """The warm-time table separates a few slow kernels (mean against median), the garbage collector and
+    each of the hook's steps, so the next H200 run says where a tree arm's time inside the cache function goes."""
+    monkeypatch.syspath_prepend(BENCH)
+    import cupy14_ab
+    runs = []
+    for phase in ("cold", "warm"):
+        for arm, child in (("stock", _ab_child(0.6, 0.4, 0.15, 1)),
+                           ("now", _ab_child(0.45, 0.3, 0.05, 0, {"_use_cupy_context": 4.4, "_load": 61.0}))):
+            runs.append(dict(child, arm=arm, phase=phase, round=0))
+    results = {"started": 0, "kernels": 100, "rounds_done": 1, "runs": runs,
+               "machine": {"gpu": "H200"}, "arms": [{"name": "stock", "dir": None}, {"name": "now", "dir": "/t"}]}
+    results["summary"] = cupy14_ab.summarise(results)
+    warm = results["summary"]["now"]
+    assert warm["warm_gc"]["median"] == 0.05 and warm["warm_gc_full_runs"] == [0]
+    assert warm["warm_stages"]["_load"]["median"] == 61.0
+    text = cupy14_ab.render(results)
+    row = [line for line in text.splitlines() if line.startswith("| now |") and "use_cupy_context 4.4" in line][0]
+    assert "| 0.300 (0.300-0.300) | 0.050 (0.050-0.050) | [0] |" in row and "| 72.0 (72.0-72.0) |" in row
+    assert "load 61.0" in row
+    assert "| stock | 0.600 (0.600-0.600) | 0.400 (0.400-0.400) | 0.150 (0.150-0.150) | [1] |" in text

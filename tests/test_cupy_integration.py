@@ -440,3 +440,40 @@ def test_a_kernel_ptxbackend_fails_to_serve_is_built_as_ptx_by_cupy_too(records)
     ours = ci._make_replacement(module, "v2-v9", module.compile_with_cache)
     assert ours(KERNEL) == "compute_86 PTX"
     assert any("could not serve a CuPy kernel" in m for m in _messages(records, logging.DEBUG))
+
+
+class _Runtime(object):
+    """CuPy's runtime module as _use_cupy_context sees it: the current device, and the call that makes
+    its context current (counted)."""
+
+    def __init__(self, device, has_get_device=True):
+        self.device, self.asked = device, 0
+        if has_get_device:
+            self.getDevice = lambda: self.device
+
+    def memGetInfo(self):
+        self.asked += 1
+        return (1, 1)
+
+
+@pytest.mark.parametrize("current, cupy_device, has_get_device, asks", [
+    (1, 1, True, 0),      # CuPy's device's context is current: nothing to do
+    (None, 0, True, 1),   # no context yet (CuPy makes them lazily): CuPy makes it
+    (0, 1, True, 1),      # another device's context is current: CuPy makes its own current
+    (0, 0, False, 1),     # a runtime without getDevice: always ask
+])
+def test_cupys_context_is_made_current_only_when_it_is_not(monkeypatch, current, cupy_device, has_get_device,
+                                                           asks):
+    runtime = _Runtime(cupy_device, has_get_device)
+    monkeypatch.setattr(ci.driver, "context_device", lambda: current)
+    ci._use_cupy_context(type("compiler", (), {"runtime": runtime}))
+    assert runtime.asked == asks
+
+
+def test_cupys_context_is_made_current_when_the_driver_cannot_say(monkeypatch):
+    def no_driver():
+        raise ci.driver.DriverError("no libcuda")
+    runtime = _Runtime(0)
+    monkeypatch.setattr(ci.driver, "context_device", no_driver)
+    ci._use_cupy_context(type("compiler", (), {"runtime": runtime}))
+    assert runtime.asked == 1

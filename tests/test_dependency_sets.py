@@ -16,7 +16,7 @@ import time
 import pytest
 
 import ptxbackend
-from ptxbackend import engine
+from ptxbackend import engine, watching
 from ptxbackend.cache import depsets
 from ptxbackend.config import NVCC_ENVIRONMENT
 from test_key_completeness import KERNEL, _write, run_row
@@ -646,11 +646,11 @@ def test_doctor_says_how_the_headers_of_each_place_are_checked(tmp_path, monkeyp
     from ptxbackend import doctor
     monkeypatch.chdir(tmp_path)
     depsets.forget()
-    monkeypatch.setattr(depsets, "_mount_type", lambda path: "nfs4")
+    monkeypatch.setattr(watching, "mount_type", lambda path: "nfs4")
     how = depsets.watch_mode(str(tmp_path))
     assert "every hit" in how and "nfs4" in how and "PTXBACKEND_DEPS_RECHECK" in how
     text = doctor.render(doctor.collect())
     assert "headers under %s: checked on every hit" % os.getcwd() in text, text
     depsets.forget()
-    monkeypatch.setattr(depsets, "_mount_type", lambda path: "ext4")
+    monkeypatch.setattr(watching, "mount_type", lambda path: "ext4")
     assert depsets.watch_mode(str(tmp_path)).startswith(("checked once per process", "checked on every hit: no inotify"))

@@ -317,6 +317,31 @@ def test_toolkit_swapped_behind_an_unchanged_wrapper_is_seen_at_the_next_call(nv
     assert proc.stdout.split() == ["nvcc-11.2.152", "compute_86", "True"], (proc.stderr, records)
 
 
+
+@pytest.mark.toolkit
+def test_a_hit_trusts_the_compilers_files_while_their_directories_are_watched(nvcc13, tmp_path, monkeypatch):
+    """Checked in full once; then a hit reads the watcher once and stats none of the compiler's files,
+    until something changes where they are: the wrapper edited in place is seen at the next call."""
+    from ptxbackend import watching
+    if watching.this_process_watcher() is None:
+        pytest.skip("no inotify here: every hit stats the compiler's files")
+    wrapper = tmp_path / "bin" / "nvcc"
+    _write(wrapper, '#!/bin/sh\nexec "%s" "$@"\n' % nvcc13)
+    os.chmod(str(wrapper), 0o755)
+    monkeypatch.setenv("PTXBACKEND_NVCC", str(wrapper))
+    source = KERNEL.replace("VAL", "1.0f")
+    ptxbackend.compile(source, target="compute_75")
+    assert ptxbackend.compile(source, target="compute_75").cache_hit
+    stats, real_stat = [], os.stat
+    monkeypatch.setattr(os, "stat", lambda path, *a, **kw: stats.append(str(path)) or real_stat(path, *a, **kw))
+    for _ in range(5):
+        assert ptxbackend.compile(source, target="compute_75").cache_hit
+    assert str(wrapper) not in stats and nvcc13 not in stats, stats
+    _write(wrapper, '#!/bin/sh\n# the same compiler, another wrapper\nexec "%s" "$@"\n' % nvcc13)
+    os.chmod(str(wrapper), 0o755)
+    assert not ptxbackend.compile(source, target="compute_75").cache_hit  # the wrapper is part of the key
+    assert str(wrapper) in stats
+
 def _install_nvrtc(lib_dir, into):
     if os.path.isdir(into):
         shutil.rmtree(into)

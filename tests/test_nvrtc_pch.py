@@ -120,7 +120,7 @@ def test_a_compile_that_reused_the_precompiled_header_records_the_headers_it_was
     assert b"val.cuh" in first.store.load_depset(first.deps.decode()), "kernel 1's set lacks the header"
     (own_pch / "val.cuh").write_text(u"#pragma once\n#define VAL 2.0f\n")
     env = dict(os.environ, PYTHONPATH=REPO)
-    env.pop("PTXBACKEND_NVRTC_PCH")
+    env["PTXBACKEND_NVRTC_PCH"] = "0"  # the new process compiles from the headers, not a precompiled one
     out = subprocess.check_output([sys.executable, "-c", FRESH.replace('"--pch"', ""), SOURCE % (1, 1),
                                    str(own_pch), "1"], env=env)
     assert float(out.decode().split()[-1]) == 3.0
@@ -135,6 +135,7 @@ def test_own_precompiled_headers_see_a_new_header_that_shadows_one_they_hold(own
 
 
 def test_own_precompiled_headers_change_no_byte(headers, monkeypatch, tmp_path):
+    monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "0")
     plain = [bytes(_own(headers, i).image) for i in range(3)]
     monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "1")
     monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(tmp_path / "with-pch"))
@@ -148,6 +149,9 @@ def test_an_nvrtc_without_precompiled_headers_is_not_asked_for_them(nvrtc117, mo
     assert _stored(_own(tmp_path, 0, target="compute_87")) == 1.0
 
 
-def test_own_precompiled_headers_are_off_by_default(headers):
+def test_own_precompiled_headers_are_on_by_default_and_0_turns_them_off(headers, monkeypatch):
     from ptxbackend.config import load_settings
+    monkeypatch.delenv("PTXBACKEND_NVRTC_PCH", raising=False)
+    assert load_settings().nvrtc_pch is True
+    monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "0")
     assert load_settings().nvrtc_pch is False

@@ -42,6 +42,7 @@ import re
 import threading
 import time
 
+from .. import watching
 from .._fsutil import NotARegularFile, process_id, read_regular
 from ..compilers.reads import UNKNOWN_READS
 
@@ -49,8 +50,6 @@ RACY_SECONDS = 2.0
 CHANGED_DURING_COMPILE = "changed-during-compile"
 #: seconds between checks of a set nothing watches (``PTXBACKEND_DEPS_RECHECK``)
 recheck_seconds = 0.0
-_NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "gpfs", "afs",
-               "beegfs", "virtiofs", "fuse")
 _HAS_INCLUDE = re.compile(br'__has_include(?:_next)?\s*\(\s*([<"])([^>"\r\n]+)[>"]\s*\)')
 _WATCHED = -1.0
 
@@ -60,9 +59,7 @@ _known_hashes = {}  # path -> (signature, sha256) this process hashed and could 
 _sets = {}          # digest -> _Parsed
 _valid = {}         # (digest, complete) -> time checked, or _WATCHED
 _built = {}         # what build() was given -> the Built it made, while the watcher hears nothing
-_owner = [None]     # the process whose checks _valid holds (a forked child starts afresh)
-_watcher = []       # [ChangeWatcher or None, pid]: this process's watcher, tried once
-_mounts = []        # [(mount point, fs type)] longest first, read once
+_owner = [None, None]  # the process and watcher epoch of the checks _valid holds (a forked child starts afresh)
 _LIMIT = 8192
 
 
@@ -398,11 +395,12 @@ def holds_now(blob):
 
 def _forget_what_changed():
     """Drop the sets checked and built, when the watcher heard a change or this is a forked child."""
-    if _owner[0] != process_id() or _watcher_saw_changes():
+    epoch = watching.poll()
+    if _owner[0] != process_id() or _owner[1] != epoch:
         with _lock:
             _valid.clear()
             _built.clear()
-            _owner[0] = process_id()
+            _owner[:] = [process_id(), epoch]
 
 
 def _parse(section, load):
@@ -499,70 +497,15 @@ def _still_absent(item):
     return True
 
 
-# -- watching ------------------------------------------------------------------------------------
-def _this_process_watcher():
-    """The watcher of this process, made on first use (a forked child makes its own)."""
-    pid = process_id()
-    if not _watcher or _watcher[1] != pid:
-        from .. import _inotify  # ctypes: imported by the first check, not with the package
-        with _lock:
-            del _watcher[:]
-            _watcher.extend([_inotify.ChangeWatcher.open(), pid])
-    return _watcher[0]
-
-
-def _watcher_saw_changes():
-    watcher = _watcher[0] if _watcher and _watcher[1] == process_id() else None
-    return watcher is not None and watcher.changed()
-
-
-def _watch(directories):
-    """Watch ``directories`` (and the parents of any link on their way); ``False`` where that cannot
-    be relied on: no inotify, a watch refused, or a network file system (inotify does not hear
-    other machines' writes)."""
-    watcher = _this_process_watcher()
-    if watcher is None:
-        return False
-    directories = list(directories) + _link_parents(directories)
-    if any(_on_network_fs(d) for d in directories):
-        return False
-    return watcher.watch(directories)
-
-
-_link_parent_memo = {}
-_network_fs_memo = {}
-
-
-def _link_parents(directories):
-    """The directories holding a symbolic link on the way to any of ``directories``: retargeting the
-    link is a change there."""
-    found = []
-    for directory in directories:
-        current = os.path.abspath(directory)
-        while True:
-            parent = os.path.dirname(current)
-            if parent == current:
-                break
-            is_link = _link_parent_memo.get(current)
-            if is_link is None:
-                is_link = _link_parent_memo[current] = os.path.islink(current)
-            if is_link and parent not in found:
-                found.append(parent)
-            current = parent
-    return found
-
-
-def _on_network_fs(path):
-    found = _network_fs_memo.get(path)
-    if found is None:
-        found = _network_fs_memo[path] = _mount_type(path).split(".")[0] in _NETWORK_FS
-    return found
+# -- watching (the watcher itself: ptxbackend/watching.py) --------------------------------------
+_watcher = watching.watcher
+_watch = watching.watch
 
 
 def watch_mode(directory):
     """How a set with files in ``directory`` is kept checked here, in words (``ptxbackend doctor``)."""
-    fstype = _mount_type(directory) or "unknown file system"
-    if _on_network_fs(directory):
+    fstype = watching.mount_type(directory) or "unknown file system"
+    if watching.on_network_fs(directory):
         how = ("checked at most every %g s (PTXBACKEND_DEPS_RECHECK)" % recheck_seconds if recheck_seconds
                else "checked on every hit (PTXBACKEND_DEPS_RECHECK=N: at most every N s)")
         return "%s: %s is a network or shared file system, where inotify does not hear other machines' " \
@@ -575,27 +518,6 @@ def watch_mode(directory):
     return "checked once per process, then watched with inotify (%s)" % fstype
 
 
-def _mount_type(path):
-    if not _mounts:
-        mounts = []
-        try:
-            with open("/proc/self/mountinfo", "rb") as handle:
-                for line in handle:
-                    fields = line.split()
-                    if b"-" in fields:
-                        point = fields[4].decode("utf-8", "surrogateescape").replace("\\040", " ")
-                        mounts.append((point, fields[fields.index(b"-") + 1].decode("ascii", "replace")))
-        except (OSError, IndexError):
-            pass
-        mounts.sort(key=lambda m: len(m[0]), reverse=True)
-        _mounts.append(mounts)
-    absolute = os.path.realpath(path)
-    for point, fstype in _mounts[0]:
-        if _under(absolute, point):
-            return fstype
-    return ""
-
-
 def forget():
     """Drop what this process remembers (tests; after a toolkit's headers changed in place)."""
     with _lock:
@@ -603,8 +525,7 @@ def forget():
         _sets.clear()
         _valid.clear()
         _built.clear()
-        _link_parent_memo.clear()
-        _network_fs_memo.clear()
+        watching.forget()
         _absent_memo.clear()
         _facts_memo.clear()
         _realpaths.clear()
