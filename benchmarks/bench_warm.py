@@ -26,6 +26,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import abrun
 import benchutil
 import machine
 
@@ -142,7 +143,7 @@ def _count_ptxbackend_compiles():
     """Count the compiles the hook hands to ptxbackend, and their cache hits (a few microseconds each)."""
     from ptxbackend import engine
     stats = {"served": 0, "hits": 0, "kinds": []}
-    entry = "compile_with" if hasattr(engine, "compile_with") else "compile"  # what the hook calls
+    entry = abrun.hook_entry(engine)
     original = getattr(engine, entry)
 
     def counting(*args, **kwargs):

@@ -77,17 +77,17 @@ class _Inotify(object):
             return None  # out of instances (fs.inotify.max_user_instances): the caller falls back
         return cls(fd, functions[1])
 
-    def add(self, directory, mask):
-        """Watch ``directory`` (links followed); its watch descriptor, negative when the kernel
-        refused (limits, gone)."""
-        wd = self._add(self.fd, os.fsencode(directory), mask | IN_ONLYDIR)
+    def add(self, directory, mask, only_directory=True):
+        """Watch ``directory`` (links followed; a file with ``only_directory=False``); its watch
+        descriptor, negative when the kernel refused (limits, gone)."""
+        wd = self._add(self.fd, os.fsencode(directory), mask | (IN_ONLYDIR if only_directory else 0))
         if wd >= 0:
             self.labels.setdefault(wd, directory)
         return wd
 
-    def watch(self, directory, mask):
-        """Watch ``directory``; ``False`` when the kernel refused."""
-        return self.add(directory, mask) >= 0
+    def watch(self, directory, mask, only_directory=True):
+        """Watch ``directory`` (or a file); ``False`` when the kernel refused."""
+        return self.add(directory, mask, only_directory) >= 0
 
     def events(self):
         """Yield ``(directory label or None, mask, name)`` of every queued event (never blocks)."""
@@ -255,14 +255,16 @@ class ChangeWatcher(object):
     def close(self):
         self._inotify.close()
 
-    def watch(self, directories):
-        """Watch each of ``directories``; ``False`` if any could not be watched."""
+    def watch(self, directories, files=()):
+        """Watch each of ``directories``, and each of ``files`` itself (its inode: a write through a
+        hard link in another directory makes no event in this one's); ``False`` if any could not be
+        watched."""
         ok = True
-        for directory in directories:
-            if directory in self._watched:
+        for path, only_directory in [(d, True) for d in directories] + [(f, False) for f in files]:
+            if path in self._watched:
                 continue
-            if self._inotify.watch(directory, CHANGES):
-                self._watched.add(directory)
+            if self._inotify.watch(path, CHANGES, only_directory):
+                self._watched.add(path)
             else:
                 ok = False
         return ok

@@ -49,17 +49,17 @@ def poll():
     return _epoch[0]
 
 
-def watch(directories):
-    """Watch ``directories`` (and the parents of any link on their way); ``False`` where that cannot
-    be relied on: no inotify, a watch refused, or a network file system (inotify does not hear
-    other machines' writes)."""
+def watch(directories, files=()):
+    """Watch ``directories`` (and the parents of any link on their way), and ``files`` themselves;
+    ``False`` where that cannot be relied on: no inotify, a watch refused, or a network file system
+    (inotify does not hear other machines' writes)."""
     current = this_process_watcher()
     if current is None:
         return False
     directories = list(directories) + link_parents(directories)
     if any(on_network_fs(d) for d in directories):
         return False
-    return current.watch(directories)
+    return current.watch(directories, files)
 
 
 def file_directories(path):

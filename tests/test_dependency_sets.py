@@ -438,7 +438,7 @@ def test_a_set_is_checked_once_per_process_then_only_after_a_change(tmp_path, mo
     assert depsets.fresh(built.section, load)
     first = len(calls)
     assert first >= len(headers)
-    if not depsets._watcher or depsets._watcher[0] is None:
+    if not watching.watcher or watching.watcher[0] is None:
         pytest.skip("no inotify here: every hit checks the set (PTXBACKEND_DEPS_RECHECK)")
     for _ in range(100):
         assert depsets.fresh(built.section, load)
@@ -622,7 +622,7 @@ def test_a_set_built_again_from_the_same_reads_is_remembered_until_a_header_chan
     for header in headers:
         _write(header, "// %s\n" % header.name)
     depsets.forget()
-    if not depsets._watch([str(tmp_path / "inc")]):
+    if not watching.watch([str(tmp_path / "inc")]):
         pytest.skip("no inotify here: every build looks at the file system")
     calls = []
     real_stat = os.stat

@@ -342,6 +342,30 @@ def test_a_hit_trusts_the_compilers_files_while_their_directories_are_watched(nv
     assert not ptxbackend.compile(source, target="compute_75").cache_hit  # the wrapper is part of the key
     assert str(wrapper) in stats
 
+
+@pytest.mark.toolkit
+def test_a_compiler_file_edited_through_a_hard_link_elsewhere_is_seen_at_the_next_call(nvcc13, tmp_path,
+                                                                                       monkeypatch):
+    """The wrapper is a hard link of a file in another directory (a package cache, say); an edit made in
+    place through that other name touches no directory ptxbackend watches, only the file itself."""
+    from ptxbackend import watching
+    if watching.this_process_watcher() is None:
+        pytest.skip("no inotify here: every hit stats the compiler's files")
+    original = tmp_path / "pkgs" / "nvcc"
+    _write(original, '#!/bin/sh\nexec "%s" "$@"\n' % nvcc13)
+    os.chmod(str(original), 0o755)
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    os.link(str(original), str(wrapper))
+    monkeypatch.setenv("PTXBACKEND_NVCC", str(wrapper))
+    source = KERNEL.replace("VAL", "1.0f")
+    ptxbackend.compile(source, target="compute_75")
+    assert ptxbackend.compile(source, target="compute_75").cache_hit
+    with open(str(original), "r+") as handle:  # in place: the same inode, so both names see it
+        handle.write('#!/bin/sh\n# edited in place in the package cache\nexec "%s" "$@"\n' % nvcc13)
+    assert os.stat(str(wrapper)).st_ino == os.stat(str(original)).st_ino
+    assert not ptxbackend.compile(source, target="compute_75").cache_hit
+
 def _install_nvrtc(lib_dir, into):
     if os.path.isdir(into):
         shutil.rmtree(into)

@@ -141,7 +141,7 @@ def _remember_built(memo, built, body):
     counts as checked for hits too.  The watch comes first and the set is checked after it, so a
     change after the build's own look is heard or seen."""
     parsed = _Parsed(body)
-    if not (parsed.absolute and _watch(parsed.watch) and _check(parsed, True, False)):
+    if not (parsed.absolute and watching.watch(parsed.watch) and _check(parsed, True, False)):
         return
     section = built.digest.encode("ascii")
     with _lock:
@@ -373,7 +373,7 @@ def fresh(section, load, complete=True, missing_ok=False):
     if when is not None and (when == _WATCHED or time.time() - when < recheck_seconds):
         return True
     # Watch before checking, so that a change between the two is heard.
-    watched = complete and parsed.date is None and _watch([os.path.abspath(d) for d in parsed.watch])
+    watched = complete and parsed.date is None and watching.watch([os.path.abspath(d) for d in parsed.watch])
     if not _check(parsed, complete, missing_ok):
         return False
     with _lock:
@@ -498,10 +498,6 @@ def _still_absent(item):
 
 
 # -- watching (the watcher itself: ptxbackend/watching.py) --------------------------------------
-_watcher = watching.watcher
-_watch = watching.watch
-
-
 def watch_mode(directory):
     """How a set with files in ``directory`` is kept checked here, in words (``ptxbackend doctor``)."""
     fstype = watching.mount_type(directory) or "unknown file system"

@@ -116,8 +116,9 @@ class CompilerIdentity(object):
     def unchanged(self):
         """Whether every file that does the work is still the one probed (a stat each, no process).
 
-        Checked in full once, then trusted while inotify hears no change in the directories of those
-        files, of the links on the way to them and of the names that must stay absent: a hit then
+        Checked in full once, then trusted while inotify hears no change to those files themselves or
+        in the directories of them, of the links on the way to them and of the names that must stay
+        absent: a hit then
         costs one read of the watcher instead of a stat per file (3-4 for nvcc with a host compiler,
         2 us each on the H200).  Where they cannot be watched, every call checks in full.
         """
@@ -126,7 +127,7 @@ class CompilerIdentity(object):
             return True
         # Watch before checking, so that a change between the two is heard.
         directories = self._watched_directories()
-        watched = bool(directories) and watching.watch(directories)
+        watched = bool(directories) and watching.watch(directories, [check[0] for check in self._checks])
         if not watched:
             self._directories = ()  # a network file system, no inotify: not tried again in this process
         fine = self._stats_match() and not self._absent_now_present()
