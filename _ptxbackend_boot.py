@@ -11,12 +11,13 @@ this module is imported only when CuPy is.  :func:`pth_line` renders the
 ``.pth`` line; ``ptxbackend.pth`` must equal it (a test checks).
 
 This is a top-level module, not part of the ``ptxbackend`` package, so that
-the hook never imports the package before CuPy is imported.
+the hook never imports the package before CuPy is imported.  It imports the
+leaf :mod:`_ptxbackend_env`, never the first stage (which imports this one).
 """
 
 import sys
 
-import _ptxbackend_pth
+import _ptxbackend_env
 
 WATCHED = ("cupy.cuda.compiler", "cupy.cuda")
 
@@ -36,13 +37,13 @@ def pth_line():
     return "import sys; exec(%r, {'sys': sys})\n" % _PTH_CODE
 
 
-report = _ptxbackend_pth.report
-disabled = _ptxbackend_pth.disabled
+report = _ptxbackend_env.report
+disabled = _ptxbackend_env.disabled
 
 
 def _hand_over(module):
     try:
-        from ptxbackend import cupy_integration
+        from ptxbackend.hook import cupy_integration
         cupy_integration.on_import(module)
     except Exception as exc:
         report("could not take over %s: %s: %s" % (module.__name__, type(exc).__name__, exc))
@@ -100,8 +101,8 @@ def start():
     try:
         if disabled() or active():
             return
-        _ptxbackend_pth.size_jit_cache()
-        _ptxbackend_pth.use_imported_jit_cache()
+        _ptxbackend_env.size_jit_cache()
+        _ptxbackend_env.use_imported_jit_cache()
         sys.meta_path.insert(0, CupyWatcher())
     except Exception as exc:
         report("%s: %s" % (type(exc).__name__, exc))

@@ -15,6 +15,8 @@ from setuptools.command.develop import develop
 from setuptools.command.install_lib import install_lib
 
 HOOK_FILES = ("ptxbackend.pth", "ptxbackend.start")
+# What the .pth line imports at every interpreter start.
+START_MODULES = ("_ptxbackend_pth.py", "_ptxbackend_env.py")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -39,7 +41,7 @@ class DevelopWithHook(develop):
 class InstallLibWithHook(install_lib):
     """``setup.py install`` (what pip 21 on Python 3.6 runs without the ``wheel`` package): lists the
     hook files among the installed ones, so ``pip uninstall`` removes them, and byte-compiles the
-    module the hook imports at every interpreter start even under PYTHONDONTWRITEBYTECODE (which
+    modules the hook imports at every interpreter start even under PYTHONDONTWRITEBYTECODE (which
     makes distutils skip every module: +9-10 ms per start without the ``.pyc``)."""
 
     def run(self):
@@ -47,9 +49,10 @@ class InstallLibWithHook(install_lib):
         if self.compile and not self.dry_run:
             import py_compile
             from importlib.util import cache_from_source
-            path = os.path.join(self.install_dir, "_ptxbackend_pth.py")
-            if os.path.isfile(path):
-                py_compile.compile(path, cfile=cache_from_source(path), doraise=True)
+            for name in START_MODULES:
+                path = os.path.join(self.install_dir, name)
+                if os.path.isfile(path):
+                    py_compile.compile(path, cfile=cache_from_source(path), doraise=True)
 
     def get_outputs(self):
         hook = [os.path.join(self.install_dir, name) for name in HOOK_FILES]

@@ -188,7 +188,7 @@ def probe_engine(records, seconds):
     CuPy never shows the artifact, so the engine function the hook calls is wrapped: one Python call
     and an append per kernel (well under a microsecond, against the ~0.2-0.5 ms a warm kernel costs).
     """
-    from ptxbackend import engine
+    from ptxbackend.compiling import engine
     name = hook_entry(engine)
     compile_ = timed(getattr(engine, name), seconds)
 
@@ -200,7 +200,7 @@ def probe_engine(records, seconds):
 
 
 # The hook's own steps around the engine call (timed by probe_engine), by their names in
-# ptxbackend.cupy_integration; a tree without one of them is timed without it (0.2.0 resolves its settings
+# ptxbackend.hook.cupy_integration; a tree without one of them is timed without it (0.2.0 resolves its settings
 # with load_settings, the working tree once with compile_settings).
 HOOK_STAGES = ("compile_settings", "load_settings", "_cupy_options", "_use_cupy_context", "_load")
 
@@ -208,7 +208,7 @@ HOOK_STAGES = ("compile_settings", "load_settings", "_cupy_options", "_use_cupy_
 def probe_stages(seconds):
     """Time the hook's steps besides the engine call into ``seconds`` ({name: [s, ...]}): where a warm
     kernel's time inside the cache function goes when compile() and the module load do not explain it."""
-    from ptxbackend import cupy_integration
+    from ptxbackend.hook import cupy_integration
     for name in HOOK_STAGES:
         if callable(getattr(cupy_integration, name, None)):
             setattr(cupy_integration, name, timed(getattr(cupy_integration, name), seconds.setdefault(name, [])))

@@ -107,7 +107,7 @@ def _restore(saved):
 
 
 def _measure_cell(ptxbackend, compiler, target_text, device_cc, source, options, cache_dir, reps, tag):
-    from ptxbackend.targets import parse_target
+    from ptxbackend.compiling.targets import parse_target
     target = parse_target(target_text)
     bare, ours, paired = [], [], []
     cc_text = "%d.%d" % (device_cc // 10, device_cc % 10)

@@ -22,7 +22,8 @@ def conc_child(args):
     import ptxbackend
     links = [0]
     if args.get("load"):
-        from ptxbackend import driver, engine
+        from ptxbackend.gpu import driver
+        from ptxbackend.compiling import engine
         driver.ensure_context()
         original = engine.driver.link_ptx
 

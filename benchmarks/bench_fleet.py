@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 def fleet_child(args):
     """Child: compile every kernel (timing each compile() call); report times, hits and counters."""
     import ptxbackend
-    from ptxbackend import engine
+    from ptxbackend.compiling import engine
     from ptxbackend.config import load_settings
     sources = [benchutil.kernel_source("elementwise", v) for v in args["variants"]]
     started = time.perf_counter()
@@ -58,7 +58,7 @@ def dead_child(args):
     t = time.perf_counter()
     import redis  # noqa: F401  (what any use of the fleet store pays once)
     import_s = time.perf_counter() - t
-    from ptxbackend import engine
+    from ptxbackend.compiling import engine
     from ptxbackend.config import load_settings
     cache = engine.open_cache(load_settings())
     times = []

@@ -57,7 +57,7 @@ def _time_batch(launch, count, driver):
 
 def kernels_child(args):
     import ptxbackend
-    from ptxbackend import driver
+    from ptxbackend.gpu import driver
     driver.ensure_context()
     n = int(args["elements"])
     reps = int(args["reps"])

@@ -2,7 +2,7 @@
 
 An old library with no code for the GPU (cuRAND 10.2 from nvidia-curand-cu11==10.2.10.91: creating
 its generator makes the driver JIT-compile its kernels), create + first call in a fresh process,
-through ptxbackend.libwarm.child(), with the driver's JIT cache:
+through ptxbackend.deploy.library_warmup.child(), with the driver's JIT cache:
   off        CUDA_CACHE_DISABLE=1
   too small  CUDA_CACHE_MAXSIZE=1048576
   default    unset (the driver's default size), fresh CUDA_CACHE_PATH
@@ -16,7 +16,7 @@ import glob
 import os
 
 import benchutil
-from ptxbackend.libwarm import tree_size
+from ptxbackend.deploy.library_warmup import tree_size
 
 CONFIGS = (
     ("off", "CUDA_CACHE_DISABLE=1", {"CUDA_CACHE_DISABLE": "1"}, False),
@@ -32,7 +32,7 @@ def lib_child(args):
     if args.get("hook"):
         import _ptxbackend_boot
         _ptxbackend_boot.start()
-    from ptxbackend.libwarm import child
+    from ptxbackend.deploy.library_warmup import child
     result = child(args["kind"], args["path"])
     result["cuda_cache_maxsize"] = os.environ.get("CUDA_CACHE_MAXSIZE")
     result["cuda_cache_disable"] = os.environ.get("CUDA_CACHE_DISABLE")
@@ -64,7 +64,7 @@ def _spawn(path, env_changes, hook, cache_path):
 def _new_machine(ctx, old, warmed, rows, stats, notes):
     """The "new machine" row: the warmed driver cache packed (warm --libs --driver-jit-bundle), installed
     into a fresh cache root (cache import), and used by fresh processes through the start-up hook alone."""
-    from ptxbackend import driverjit
+    from ptxbackend.deploy import jit_bundle as driverjit
     try:
         machine = driverjit.this_machine()
         bundle = os.path.join(ctx.ws.fresh("libjit-bundle"), "curand-jit.tgz")
@@ -102,7 +102,7 @@ def run(ctx):
         return ctx.skipped(title, "needs libcurand.so.10 from nvidia-curand-cu11==10.2.10.91: pass --curand PATH "
                                   "or set PTXBACKEND_BENCH_CURAND (got %r)" % old)
     notes = ["first_call_s: curandCreateGenerator + the first curandGenerateNormal (1M floats) + synchronize, "
-             "timed inside a fresh process (ptxbackend.libwarm.child): the create call is where cuRAND loads "
+             "timed inside a fresh process (ptxbackend.deploy.library_warmup.child): the create call is where cuRAND loads "
              "(JIT-compiles) its kernels; library: %s" % old]
     rows, stats, paths = [], {}, {}
     for key, label, changes, hook in CONFIGS:

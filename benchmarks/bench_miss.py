@@ -30,7 +30,8 @@ def child(tree, kernels):
     sys.path.insert(0, tree)
     import cupy
     import ptxbackend
-    from ptxbackend.compilers import nvrtc, reads
+    from ptxbackend.compilers import nvrtc
+    from ptxbackend.dependencies import reads
     if not os.path.realpath(ptxbackend.__file__).startswith(os.path.realpath(tree) + os.sep):
         raise SystemExit("ptxbackend came from %s, not from %s" % (ptxbackend.__file__, tree))
     compiler_s, recording_s = [], []

@@ -51,7 +51,7 @@ def warm_child(args):
     perf = time.perf_counter
     out = {"n": len(ids)}
     if mode == "floor":
-        from ptxbackend import driver
+        from ptxbackend.gpu import driver
         driver.ensure_context()
         paths = [os.path.join(args["cubin_dir"], "k%d.cubin" % i) for i in ids]
         first = os.path.join(args["cubin_dir"], "k%d.cubin" % WARMUP_ID)
@@ -68,7 +68,7 @@ def warm_child(args):
         out["kinds"] = sorted(set(m.kind for m in keep))
     elif mode == "ptxbackend":
         import ptxbackend
-        from ptxbackend import driver
+        from ptxbackend.gpu import driver
         driver.ensure_context()
         header, options = _header_options(args.get("include_dir"))
         sources = [benchutil.kernel_source("elementwise", i, header) for i in ids]
@@ -141,7 +141,7 @@ def _settle(perf):
 
 def _count_ptxbackend_compiles():
     """Count the compiles the hook hands to ptxbackend, and their cache hits (a few microseconds each)."""
-    from ptxbackend import engine
+    from ptxbackend.compiling import engine
     stats = {"served": 0, "hits": 0, "kinds": []}
     entry = abrun.hook_entry(engine)
     original = getattr(engine, entry)

@@ -91,7 +91,7 @@ def _verify(tree, pth_file):
         abrun.assert_stock(replaced)
         return info
     import ptxbackend
-    from ptxbackend import cupy_integration
+    from ptxbackend.hook import cupy_integration
     abrun.assert_from_tree(tree, pth_file, ptxbackend.__file__)
     if len(replaced) != len(functions) or not cupy_integration.installed():
         raise SystemExit("tree arm: the hook did not take over CuPy v1's compile_with_cache (replaced %s): %s"

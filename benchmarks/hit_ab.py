@@ -40,7 +40,7 @@ def child(args):
     sys.path.insert(0, args.src)
     import gc
     import ptxbackend
-    from ptxbackend import driver
+    from ptxbackend.gpu import driver
     driver.ensure_context()
     options = ("-I", INCLUDE) if args.headers else ()
     kw = dict(target=args.target, compiler=args.compiler)

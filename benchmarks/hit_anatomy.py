@@ -119,7 +119,7 @@ def child(args):
     report = {"arm_tree": tree}
     calls = []
     if tree:
-        from ptxbackend import engine
+        from ptxbackend.compiling import engine
         entry = abrun.hook_entry(engine)
         original = getattr(engine, entry)
 
@@ -155,7 +155,7 @@ def child(args):
     report["memGetInfo_us"] = _median_us(cupy.cuda.runtime.memGetInfo, 500)
     if tree:
         import ptxbackend
-        from ptxbackend import engine
+        from ptxbackend.compiling import engine
         setattr(engine, entry, original)
         captured = calls[-n:]
         report["compile_first_use_us"] = _us(statistics.median(c[2] for c in captured))
@@ -182,7 +182,7 @@ def child(args):
         except ImportError:
             pass
         try:
-            from ptxbackend.cache import depsets
+            from ptxbackend.dependencies import depsets
             include = os.path.join(os.path.dirname(cupy.__file__), "_core", "include")
             report["watch_mode"] = {p: depsets.watch_mode(p) for p in (include, os.getcwd())}
             report["depsets_sets"] = len(depsets._sets)

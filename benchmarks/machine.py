@@ -30,7 +30,7 @@ def host_info():
 
 def gpu_probe(args):
     """Child: the GPU as the driver sees it (run in a fresh process so the runner never initialises CUDA)."""
-    from ptxbackend import driver
+    from ptxbackend.gpu import driver
     if not driver.available():
         return {"available": False, "why": _driver_problem(driver)}
     ordinal = 0

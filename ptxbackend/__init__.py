@@ -10,15 +10,15 @@ Configuration lives in ``PTXBACKEND_*`` variables (docs/configuration.md).
 """
 
 from ._version import __version__
-from .errors import (CacheError, CompileError, CompilerNotFoundError, ConfigError, DriverError,
-                     PtxBackendError, TargetError)
-from .engine import Artifact, compile, load
+from .errors import (CacheError, CompileError, CompilerNotFoundError, ConfigError, DriverError, PtxBackendError,
+                     TargetError)
+from .compiling.engine import Artifact, compile, load
 
 
 def cache_counters():
     """This process's cache counters per tier: local hits, remote hits, prefetched, misses, rejected,
     failures, round trips and seconds spent on the fleet store (a dict; docs/fleet.md)."""
-    from .counters import cache_counters as counters
+    from .cache.counters import cache_counters as counters
     return counters()
 
 
@@ -31,21 +31,21 @@ def install():
     Returns whether a CuPy compile function is now replaced.
     """
     import _ptxbackend_boot
-    from . import cupy_integration
+    from .hook import cupy_integration
     _ptxbackend_boot.start()
     return cupy_integration.install()
 
 
 def uninstall():
     """Give CuPy its original compile functions back (the exact objects)."""
-    from . import cupy_integration
+    from .hook import cupy_integration
     cupy_integration.uninstall()
 
 
 def installed():
     """Whether CuPy's compile functions are currently replaced by ptxbackend: ``False`` after
     :func:`install` until CuPy is imported, as there is nothing to replace before (docs/usage.md)."""
-    from . import cupy_integration
+    from .hook import cupy_integration
     return cupy_integration.installed()
 
 

@@ -10,7 +10,7 @@ import errno
 import logging
 import os
 
-from _ptxbackend_pth import parse_size  # noqa: F401  (one size parser for the hook and the package)
+from _ptxbackend_env import parse_size  # noqa: F401  (one size parser for the hook and the package)
 
 from .errors import ConfigError
 
@@ -358,7 +358,7 @@ def _resolve(overrides, file_path, problems=None):
         import platformdirs
         values["cache_dir"] = platformdirs.user_cache_dir("ptxbackend", appauthor=False)
     settings = Settings(values, origins)
-    # Environment only (a per-run switch, not a config-file knob): see ptxbackend.warm.
+    # Environment only (a per-run switch, not a config-file knob): see ptxbackend.deploy.replay.
     settings.record = os.environ.get("PTXBACKEND_RECORD") or None
     settings.compiler_env = tuple("%s=%s" % (name, os.environ[name]) for name in NVCC_ENVIRONMENT
                                   if os.environ.get(name))

@@ -4,7 +4,7 @@ import threading
 
 
 class EngineState(object):
-    """Everything :mod:`ptxbackend.engine` and :mod:`ptxbackend.image` remember between calls.
+    """Everything :mod:`ptxbackend.compiling.engine` and :mod:`ptxbackend.compiling.image` remember between calls.
 
     All of it is derived (settings -> store, compiler, target; device -> compute capability):
     dropping it costs a little time, never correctness.

@@ -47,7 +47,7 @@ def clean_environment(monkeypatch, tmp_path):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config-home"))  # no user config file
     monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(tmp_path / "cache"))
-    from ptxbackend import engine
+    from ptxbackend.compiling import engine
     engine._reset_for_tests()
     yield
     engine._reset_for_tests()
@@ -157,7 +157,7 @@ def hide_nvrtc(monkeypatch):
 
 
 def gpu_available():
-    from ptxbackend import driver
+    from ptxbackend.gpu import driver
     return driver.available()
 
 

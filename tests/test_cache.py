@@ -9,7 +9,7 @@ from ptxbackend.cache import DirectoryStore, entry, layout, request_key
 from ptxbackend.cache.entries import EntryCache
 from ptxbackend.compilers.options import read_path_options
 from ptxbackend.errors import CacheError
-from ptxbackend.targets import parse_target
+from ptxbackend.compiling.targets import parse_target
 
 
 def test_entry_round_trip():

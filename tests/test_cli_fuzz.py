@@ -401,6 +401,7 @@ def test_setup_py_install_records_the_hook_files_and_byte_compiles_the_hook(tmp_
     source = tmp_path / "src"
     source.mkdir()
     for name in ("setup.py", "setup.cfg", "MANIFEST.in", "README.md", "_ptxbackend_pth.py", "_ptxbackend_boot.py",
+                 "_ptxbackend_env.py",
                  "ptxbackend.pth", "ptxbackend.start"):
         shutil.copy(os.path.join(REPO, name), str(source / name))
     shutil.copytree(os.path.join(REPO, "ptxbackend"), str(source / "ptxbackend"),

@@ -70,7 +70,7 @@ def test_doctor_and_warm_find_the_cudnn_an_installed_cupy_bundles(tmp_path):
 def test_cupys_bundled_cudnn_outranks_ld_library_path_as_its_rpath_does(tmp_path, monkeypatch):
     site, bundled = _cupy_site(tmp_path)
     other = _build_cudnn(tmp_path / "ld", version=7605)
-    from ptxbackend import libsearch
+    from ptxbackend.gpu import libraries as libsearch
     monkeypatch.setenv("CUDA_PATH", "")
     monkeypatch.setenv("LD_LIBRARY_PATH", os.path.dirname(other))
     monkeypatch.setattr(sys, "path", sys.path + [str(site)])
@@ -111,7 +111,7 @@ def test_a_cupy_data_lib_in_the_working_directory_python_put_first_is_not_search
     # ./cupy/.data/lib/libcudnn.so.7 planted where the user runs `python -m ptxbackend warm --libs cudnn`:
     # loading it would run its constructor.  The same tree as a site directory is CuPy's (first test).
     planted = _build_cudnn(tmp_path / "cupy" / ".data" / "lib")
-    from ptxbackend import libsearch
+    from ptxbackend.gpu import libraries as libsearch
     monkeypatch.chdir(str(tmp_path))
     monkeypatch.setenv("CUDA_PATH", "")
     monkeypatch.setenv("LD_LIBRARY_PATH", "")

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from conftest import run_python
-from ptxbackend import cupy_integration as ci
+from ptxbackend.hook import cupy_integration as ci
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif("not __import__('conftest').gpu_available()",

@@ -18,7 +18,7 @@ import types
 import pytest
 
 from conftest import gpu_available, run_python
-from ptxbackend import cupy_integration as ci
+from ptxbackend.hook import cupy_integration as ci
 from ptxbackend.errors import PtxBackendError, TargetError
 
 KERNEL = r'''
@@ -111,7 +111,7 @@ def _cache_files(suffix):
 # --------------------------------------------------------------------------- install / uninstall
 
 def test_importing_the_integration_does_not_import_cupy():
-    out = run_python("import sys, ptxbackend.cupy_integration as ci\n"
+    out = run_python("import sys, ptxbackend.hook.cupy_integration as ci\n"
                      "print('cupy' in sys.modules, ci.status())", env={"PTXBACKEND_DISABLE": "1"})
     assert out.strip() == ("False {'cupy_version': None, 'generation': None, 'replaced': [], "
                            "'compiler': None}")

@@ -19,7 +19,7 @@ import pytest
 
 import cupy_sources
 from conftest import _missing
-from ptxbackend import cupy_integration as ci
+from ptxbackend.hook import cupy_integration as ci
 
 DEBUG_VARIABLE = "CUPY_CUDA_COMPILE_WITH_DEBUG"
 SRC = 'extern "C" __global__ void k() {}'

@@ -33,7 +33,7 @@ import types
 import pytest
 
 from conftest import REPO, SAXPY, _missing
-from ptxbackend import cupy_integration as ci
+from ptxbackend.hook import cupy_integration as ci
 
 HERE = os.path.join(REPO, "tests", "cupy_v2_v9")
 STUBGEN = os.path.join(HERE, "stubgen.py")

@@ -16,8 +16,9 @@ import time
 import pytest
 
 import ptxbackend
-from ptxbackend import engine, watching
-from ptxbackend.cache import depsets
+from ptxbackend.compiling import engine
+from ptxbackend.files import watching
+from ptxbackend.dependencies import depsets
 from ptxbackend.config import NVCC_ENVIRONMENT
 from test_key_completeness import KERNEL, _write, run_row
 
@@ -228,7 +229,7 @@ def test_nvrtc_builtins_from_ld_library_path_are_another_toolkit(nvrtc12_pair, t
 
 def request_key_of(source, comp):
     from ptxbackend.cache import request_key
-    from ptxbackend.targets import parse_target
+    from ptxbackend.compiling.targets import parse_target
     settings = engine.compile_settings("compute_75", "nvrtc", None, None)
     request = engine.requests.settled((), "kernel.cu", None, comp, settings)
     return request_key(source, request.options, parse_target("compute_75"), request.context)
@@ -504,7 +505,7 @@ def test_the_host_preprocessor_lists_what_nvcc_would(compiler, request, tmp_path
     side effect of the pass nvcc runs anyway."""
     from ptxbackend.compilers.nvcc import NvccCompiler, probe_nvcc
     from ptxbackend.compilers.options import read_path_options
-    from ptxbackend.targets import parse_target
+    from ptxbackend.compiling.targets import parse_target
     comp = NvccCompiler(probe_nvcc(request.getfixturevalue(compiler)))
     _write(tmp_path / "inc" / "my header.h", "#define VAL 1.0f\n")
     _write(tmp_path / "inc" / "val.h", '#include "my header.h"\n')
@@ -558,7 +559,7 @@ def test_nvrtc_keeps_its_watches_between_compiles_and_sees_a_new_subdirectory(nv
     """The second compile adds no watch and walks no tree (the 10-30 ms a CuPy 14 kernel paid per
     compile); a directory created under an include root afterwards is walked and watched again, so
     a header read from it is a dependency like any other."""
-    from ptxbackend import _inotify
+    from ptxbackend.files import inotify as _inotify
     recorder = _inotify.OpenRecorder.shared()
     if recorder is None:
         pytest.skip("no inotify here: NVRTC's reads come from the include scan")
@@ -574,8 +575,8 @@ def test_nvrtc_keeps_its_watches_between_compiles_and_sees_a_new_subdirectory(nv
     watches = len(recorder._inotify.labels)
     assert watches >= 21
     walked = []
-    real_walk = sys.modules["ptxbackend.compilers.reads"].include_trees
-    monkeypatch.setattr("ptxbackend.compilers.reads.include_trees",
+    real_walk = sys.modules["ptxbackend.dependencies.reads"].include_trees
+    monkeypatch.setattr("ptxbackend.dependencies.reads.include_trees",
                         lambda *a: walked.append(a) or real_walk(*a))
     compile_("#include <val.h>\n// another kernel\n" + KERNEL)
     assert walked == [] and len(recorder._inotify.labels) == watches
@@ -643,7 +644,7 @@ def test_a_set_built_again_from_the_same_reads_is_remembered_until_a_header_chan
 def test_doctor_says_how_the_headers_of_each_place_are_checked(tmp_path, monkeypatch):
     """On a network file system every hit looks at every header (the H200's hook hit cost twice
     0.2.0's and could not be told why): doctor says which way each place goes."""
-    from ptxbackend import doctor
+    from ptxbackend.cli import doctor
     monkeypatch.chdir(tmp_path)
     depsets.forget()
     monkeypatch.setattr(watching, "mount_type", lambda path: "nfs4")

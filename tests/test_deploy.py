@@ -31,7 +31,7 @@ def test_record_then_replay_warms_a_fresh_cache(logging_nvcc, tmp_path):
     assert len(lines) == 3 and lines[0]["options"] == ["-DX=1"] and lines[0]["target"] == "compute_75"
     assert lines[0]["compiler"] == "nvcc"
     fresh = str(tmp_path / "line-pc-cache")
-    out = run_python("from ptxbackend.warm import replay; replay(%r)" % manifest,
+    out = run_python("from ptxbackend.deploy.replay import replay; replay(%r)" % manifest,
                      {"PTXBACKEND_CACHE_DIR": fresh, "PTXBACKEND_NVCC": wrapper})
     assert "3 kernels: 3 compiled, 0 already cached, 0 failed" in out
     calls = count_calls(log)

@@ -8,7 +8,7 @@ from conftest import REPO
 
 def test_every_environment_variable_is_documented():
     used = set()
-    sources = [os.path.join(REPO, "_ptxbackend_boot.py"), os.path.join(REPO, "_ptxbackend_pth.py")]
+    sources = [os.path.join(REPO, name) for name in ("_ptxbackend_boot.py", "_ptxbackend_pth.py", "_ptxbackend_env.py")]
     for base, _dirs, files in os.walk(os.path.join(REPO, "ptxbackend")):
         sources.extend(os.path.join(base, f) for f in files if f.endswith(".py"))
     for path in sources:

@@ -1,4 +1,4 @@
-"""ptxbackend.driver on a machine without an NVIDIA driver (developer and CI boxes).
+"""ptxbackend.gpu.driver on a machine without an NVIDIA driver (developer and CI boxes).
 
 These tests use the real loader: nothing is mocked.  Where a libcuda *is*
 present, the tests that need its absence skip themselves.
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ptxbackend import driver, launch, libcuda
+from ptxbackend.gpu import driver, launch, libcuda
 from ptxbackend.errors import DriverError, PtxBackendError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +46,7 @@ def fresh_driver_state(monkeypatch):
 def test_import_does_not_load_libcuda():
     # A fresh interpreter: another test may already have loaded (or tried) it here.
     code = (
-        "import ptxbackend.driver, ptxbackend.libcuda as d\n"
+        "import ptxbackend.gpu.driver, ptxbackend.gpu.libcuda as d\n"
         "assert d._api is None and d._load_failure is None, 'library state touched at import'\n"
         "maps = open('/proc/self/maps').read() if __import__('os').path.exists('/proc/self/maps') else ''\n"
         "assert 'libcuda' not in maps, 'libcuda mapped by import'\n"

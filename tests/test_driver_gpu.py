@@ -1,4 +1,4 @@
-"""ptxbackend.driver against a real GPU.  Every test skips when no CUDA device is usable.
+"""ptxbackend.gpu.driver against a real GPU.  Every test skips when no CUDA device is usable.
 
 The kernel is hand-written PTX (ISA 6.0, sm_50), so no compiler is needed and
 any driver since CUDA 9 can JIT-compile it for the GPU at hand.
@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from ptxbackend import driver
+from ptxbackend.gpu import driver
 from ptxbackend.errors import DriverError
 
 pytestmark = pytest.mark.gpu

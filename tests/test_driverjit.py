@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from ptxbackend import driverjit
+from ptxbackend.deploy import jit_bundle as driverjit
 from ptxbackend.errors import CacheError
 
 H200 = {"driver_build": "580.159.04", "driver_version": 13000, "gpus": [{"name": "NVIDIA H200", "cc": 90}]}

@@ -49,7 +49,7 @@ def test_nvcc112_fatbin_for_a_mixed_fleet(nvcc112, monkeypatch):
 @pytest.mark.toolkit
 def test_nvcc112_refuses_sm_90_with_the_users_message(nvcc112):
     from ptxbackend.compilers.nvcc import nvcc_compiler
-    from ptxbackend.targets import parse_target
+    from ptxbackend.compiling.targets import parse_target
     with pytest.raises(CompileError) as info:
         nvcc_compiler(nvcc112).compile(SAXPY, (), parse_target("sm_90"))
     err = info.value
@@ -157,7 +157,7 @@ def _now_a_machine_without_compilers(monkeypatch, tmp_path):
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.delenv("CUDA_HOME", raising=False)
     hide_nvrtc(monkeypatch)
-    from ptxbackend import engine
+    from ptxbackend.compiling import engine
     engine._reset_for_tests()
     return engine
 
@@ -226,7 +226,7 @@ class _StandInDriver(object):
     driver's part of this path runs in tests/test_gpu.py on the GPU machine)."""
 
     def __init__(self, monkeypatch):
-        from ptxbackend import driver
+        from ptxbackend.gpu import driver
         self.links = 0
         for name, value in dict(available=lambda: True, current_device=lambda: 0,
                                 compute_capability=lambda ordinal=0: 90, driver_build=lambda: "580.0-test",
@@ -239,7 +239,7 @@ class _StandInDriver(object):
 
 
 def test_warm_hit_at_the_cubin_level_reads_the_ptx_only_when_asked(nvcc13, monkeypatch):
-    from ptxbackend import engine
+    from ptxbackend.compiling import engine
     stand_in = _StandInDriver(monkeypatch)
     first = ptxbackend.compile(SAXPY, target="compute_75")
     ptx = first.image

@@ -232,7 +232,7 @@ def test_the_machines_disagree_on_nothing_across_random_orders(fleet):
 
 
 def test_a_driver_jit_set_travels_through_the_fleet_store_by_driver_and_gpu(fleet, valkey, tmp_path):
-    from ptxbackend import driverjit
+    from ptxbackend.deploy import jit_bundle as driverjit
     from ptxbackend.cache.remote import RemoteStore
     from ptxbackend.errors import CacheError
     env, _calls, _tmp = fleet

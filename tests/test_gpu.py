@@ -12,7 +12,7 @@ import random
 import pytest
 
 import ptxbackend
-from ptxbackend import driver
+from ptxbackend.gpu import driver
 from ptxbackend.cache import entry, layout
 from ptxbackend.errors import DriverError
 from conftest import SAXPY, run_python
@@ -125,7 +125,7 @@ print(json.dumps({"jit_entry_before": had, "load_ms": load_ms, "target": str(art
 
 
 def test_demo_runs_and_checks_against_cpu(nvcc13):
-    from ptxbackend import demo
+    from ptxbackend.cli import demo
     lines = []
     assert demo.run(out=lines.append) == 0
     assert any("OK" in line for line in lines)

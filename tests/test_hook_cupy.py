@@ -77,7 +77,7 @@ def test_hook_takes_over_cupy_without_any_ptxbackend_import(cupy_venv, nvcc13, t
     # nvcc 13: this environment's NVRTC 11.7 wheel (a test extra) is older than CuPy 14's headers need.
     out = _run_child(cupy_venv, "cpu", cache, PTXBACKEND_DEVICE_CC="9.0", PTXBACKEND_COMPILER="nvcc",
                      PTXBACKEND_NVCC=nvcc13)
-    assert out["replaced"] and out["function"].startswith("ptxbackend.cupy_integration.")
+    assert out["replaced"] and out["function"].startswith("ptxbackend.hook.cupy_integration.")
     assert out["ptxbackend_imported_by"] == "the hook"
     entries = [p for p in cache_files(cache) if p.endswith(".ptx")]
     assert len(entries) == 1 and os.sep + "compute_75" + os.sep in entries[0]

@@ -18,10 +18,10 @@ import time
 import pytest
 
 import ptxbackend
-from ptxbackend.cache import depsets as deps
+from ptxbackend.dependencies import depsets as deps
 from ptxbackend.compilers.nvcc import NvccCompiler
 from ptxbackend.compilers.nvrtc import NvrtcCompiler, probe_nvrtc
-from ptxbackend.targets import parse_target
+from ptxbackend.compiling.targets import parse_target
 from conftest import REPO, count_calls
 
 KERNEL = 'extern "C" __global__ void k(float* y) { y[0] = VAL; }\n'
@@ -322,7 +322,7 @@ def test_toolkit_swapped_behind_an_unchanged_wrapper_is_seen_at_the_next_call(nv
 def test_a_hit_trusts_the_compilers_files_while_their_directories_are_watched(nvcc13, tmp_path, monkeypatch):
     """Checked in full once; then a hit reads the watcher once and stats none of the compiler's files,
     until something changes where they are: the wrapper edited in place is seen at the next call."""
-    from ptxbackend import watching
+    from ptxbackend.files import watching
     if watching.this_process_watcher() is None:
         pytest.skip("no inotify here: every hit stats the compiler's files")
     wrapper = tmp_path / "bin" / "nvcc"
@@ -348,7 +348,7 @@ def test_a_compiler_file_edited_through_a_hard_link_elsewhere_is_seen_at_the_nex
                                                                                        monkeypatch):
     """The wrapper is a hard link of a file in another directory (a package cache, say); an edit made in
     place through that other name touches no directory ptxbackend watches, only the file itself."""
-    from ptxbackend import watching
+    from ptxbackend.files import watching
     if watching.this_process_watcher() is None:
         pytest.skip("no inotify here: every hit stats the compiler's files")
     original = tmp_path / "pkgs" / "nvcc"

@@ -16,8 +16,9 @@ import sys
 import pytest
 
 from conftest import REPO
-from ptxbackend import fatbin, libjit
-from ptxbackend.fatbin import FatbinError
+from ptxbackend.gpu import fatbin
+from ptxbackend.deploy import parallel_jit as libjit
+from ptxbackend.gpu.fatbin import FatbinError
 
 CUDNN7 = os.environ.get("PTXBACKEND_TEST_CUDNN7", "/tmp/ptxb-cudnn7-build/libcudnn.so.7")
 
@@ -346,7 +347,7 @@ def _files(top):
 def test_worker_refuses_a_range_that_is_no_longer_a_fatbin(built):
     image = [i for i in fatbin.read_images(built["ptx"]) if i.archs("ptx")][0]
     request = {"path": built["ptx"], "ranges": [[image.offset + 1, image.size], [image.offset, image.size]]}
-    proc = subprocess.run([sys.executable, "-m", "ptxbackend.libjit"], input=json.dumps(request),
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend.deploy.parallel_jit"], input=json.dumps(request),
                           stdout=subprocess.PIPE, universal_newlines=True, cwd=REPO, check=True)
     report = json.loads(proc.stdout)
     assert (report["loaded"], report["refused"]) == (1, 1) and "no longer a fatbin" in report["errors"][0]
@@ -363,7 +364,7 @@ def _report(first_growth, failed=()):
 
 
 def test_report_says_what_the_parallel_jit_did(capsys):
-    from ptxbackend.cli import _print_parallel
+    from ptxbackend.cli.commands import _print_parallel
     _print_parallel(_report(first_growth=0))
     out = capsys.readouterr().out
     assert "233 fatbin images, 0 skipped (SASS for this GPU), 49 skipped (no code it can use), 0 left to the " \
@@ -374,14 +375,14 @@ def test_report_says_what_the_parallel_jit_did(capsys):
 
 def test_report_says_plainly_when_the_library_still_jit_compiled(capsys):
     """The library's own start wrote as much JIT output again: the workers' loads missed its cache keys."""
-    from ptxbackend.cli import _print_parallel
+    from ptxbackend.cli.commands import _print_parallel
     _print_parallel(_report(first_growth=290 << 20))
     out = capsys.readouterr().out
     assert "WARNING: the library's own start still JIT-compiled" in out and "keys did not match" in out
 
 
 def test_report_names_a_failed_worker_and_warns(capsys):
-    from ptxbackend.cli import _print_parallel
+    from ptxbackend.cli.commands import _print_parallel
     _print_parallel(_report(first_growth=0, failed=["CUDA_ERROR_OUT_OF_MEMORY: out of memory"]))
     out = capsys.readouterr().out
     assert "    CUDA_ERROR_OUT_OF_MEMORY: out of memory" in out and "a worker failed" in out

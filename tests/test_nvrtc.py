@@ -13,13 +13,12 @@ import threading
 
 import pytest
 
-from ptxbackend import libsearch
+from ptxbackend.gpu import libraries as libsearch
 from ptxbackend.compilers import nvrtc
 from ptxbackend.compilers.base import CompilerIdentity
-from ptxbackend.compilers.nvrtc import (NVRTC_ENV, NvrtcCompiler, find_nvrtc, nvrtc_compiler,
-                                        probe_nvrtc)
+from ptxbackend.compilers.nvrtc import NVRTC_ENV, NvrtcCompiler, find_nvrtc, nvrtc_compiler, probe_nvrtc
 from ptxbackend.errors import CompileError, CompilerNotFoundError
-from ptxbackend.targets import parse_target
+from ptxbackend.compiling.targets import parse_target
 
 NVRTC_117_ARCHS = (35, 37, 50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87)
 
@@ -311,7 +310,7 @@ def test_missing_builtins_library_gives_a_hint(tmp_path):
 import json
 from ptxbackend.compilers.nvrtc import nvrtc_compiler
 from ptxbackend.errors import CompileError
-from ptxbackend.targets import parse_target
+from ptxbackend.compiling.targets import parse_target
 try:
     nvrtc_compiler(%r).compile('extern "C" __global__ void k() {}', (), parse_target("compute_61"))
     print(json.dumps(None))
@@ -476,7 +475,7 @@ def test_import_and_construction_load_nothing_compile_loads(tmp_path):
 import json
 from ptxbackend.compilers.base import CompilerIdentity
 from ptxbackend.compilers.nvrtc import NvrtcCompiler
-from ptxbackend.targets import parse_target
+from ptxbackend.compiling.targets import parse_target
 after_import = loaded_nvrtc()
 compiler = NvrtcCompiler(CompilerIdentity.from_json(json.loads(%r)))
 after_init = loaded_nvrtc()

@@ -68,7 +68,7 @@ def test_a_kernel_that_reused_a_precompiled_header_is_not_cached_so_a_new_proces
 def test_an_entry_an_older_version_filed_for_pch_options_is_never_served(headers, monkeypatch):
     # 0.4.0 cached --pch compiles like any other: emulate it for the two compiles of the first process.
     monkeypatch.setattr("ptxbackend.compilers.nvrtc.uses_precompiled_headers", lambda options: False)
-    monkeypatch.setattr("ptxbackend.request.uses_precompiled_headers", lambda options: False)
+    monkeypatch.setattr("ptxbackend.compiling.request.uses_precompiled_headers", lambda options: False)
     _compile(headers, 0)
     _compile(headers, 1)  # reused the precompiled header: filed with no headers in its list
     (headers / "val.cuh").write_text(u"#pragma once\n#define VAL 2.0f\n")

@@ -6,9 +6,8 @@ import subprocess
 
 import pytest
 
-from ptxbackend.compilers.includes import parse_depfile
-from ptxbackend.compilers.options import (expand_option_files, read_path_options, split_list,
-                                          split_options_file)
+from ptxbackend.dependencies.depfiles import parse_depfile
+from ptxbackend.compilers.options import expand_option_files, read_path_options, split_list, split_options_file
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")

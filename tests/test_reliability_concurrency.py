@@ -14,7 +14,7 @@ import time
 import pytest
 
 import ptxbackend
-from ptxbackend import engine
+from ptxbackend.compiling import engine
 from ptxbackend.errors import CacheError
 from conftest import REPO, count_calls, figures
 

@@ -20,7 +20,7 @@ import time
 import pytest
 
 import ptxbackend
-from ptxbackend import engine
+from ptxbackend.compiling import engine
 from ptxbackend.cache import entry
 from conftest import REPO, figures, store_name
 

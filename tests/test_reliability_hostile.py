@@ -20,7 +20,8 @@ import sys
 import pytest
 
 import ptxbackend
-from ptxbackend import config, engine
+from ptxbackend import config
+from ptxbackend.compiling import engine
 from ptxbackend.cache import entry, layout
 from conftest import Captured, REPO, cache_files, count_calls, figures, store_name
 

@@ -14,7 +14,8 @@ import pytest
 from conftest import cache_files, figures
 
 import ptxbackend
-from ptxbackend import config, engine
+from ptxbackend import config
+from ptxbackend.compiling import engine
 from ptxbackend.errors import CompileError, CompilerNotFoundError, ConfigError, PtxBackendError, TargetError
 
 pytestmark = pytest.mark.reliability

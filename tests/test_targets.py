@@ -7,7 +7,7 @@ import pytest
 from ptxbackend.compilers.base import CompilerIdentity, archs_from_table
 from ptxbackend.compilers.nvcc import nvcc_compiler
 from ptxbackend.errors import TargetError
-from ptxbackend.targets import Target, choose_target, parse_cc, parse_target
+from ptxbackend.compiling.targets import Target, choose_target, parse_cc, parse_target
 
 
 @pytest.mark.parametrize("text, expected, kind", [

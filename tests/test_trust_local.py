@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 
-from ptxbackend import _fsutil
+from ptxbackend.files import private as _fsutil
 
 
 def test_a_lock_file_is_opened_without_following_a_symlink(tmp_path):
@@ -72,7 +72,7 @@ def _planted_library(directory):
 
 
 def test_a_library_name_never_resolves_to_a_file_in_the_working_directory(tmp_path, monkeypatch):
-    from ptxbackend import libwarm
+    from ptxbackend.deploy import library_warmup as libwarm
     planted = _planted_library(tmp_path)
     monkeypatch.chdir(str(tmp_path))
     try:
@@ -86,7 +86,7 @@ def test_a_library_name_never_resolves_to_a_file_in_the_working_directory(tmp_pa
 
 
 def test_the_wheel_search_skips_the_working_directory_python_put_first(tmp_path, monkeypatch):
-    from ptxbackend import libsearch
+    from ptxbackend.gpu import libraries as libsearch
     lib = tmp_path / "nvidia" / "cudnn" / "lib"
     lib.mkdir(parents=True)
     (lib / "libcudnn.so.9").write_bytes(b"\x7fELF planted")
@@ -237,7 +237,7 @@ import json  # noqa: E402
 import tarfile  # noqa: E402
 import time  # noqa: E402
 
-from ptxbackend import driverjit  # noqa: E402
+from ptxbackend.deploy import jit_bundle as driverjit  # noqa: E402
 from ptxbackend.cache import DirectoryStore, bundle  # noqa: E402
 from ptxbackend.cache.keys import SCHEMA_VERSION  # noqa: E402
 from ptxbackend.errors import CacheError  # noqa: E402

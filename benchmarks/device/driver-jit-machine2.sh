@@ -16,10 +16,10 @@ echo "== doctor (driver JIT cache part)"
 python3 -m ptxbackend doctor 2>&1 | grep -A2 "driver JIT cache"
 echo "== a fresh process: create + first generate (the library at another path than on machine 1)"
 for i in 1 2; do
-  python3 -c "import os, json; from ptxbackend.libwarm import child; r = child('curand', '$lib'); print(json.dumps(r))"
+  python3 -c "import os, json; from ptxbackend.deploy.library_warmup import child; r = child('curand', '$lib'); print(json.dumps(r))"
 done
 echo "== the same with the hook off (no imported set: the driver JITs)"
-PTXBACKEND_DISABLE=1 CUDA_CACHE_PATH=/tmp/empty-jit timeout 120 python3 -c "import json; from ptxbackend.libwarm import child; print(json.dumps(child('curand', '$lib')))"
+PTXBACKEND_DISABLE=1 CUDA_CACHE_PATH=/tmp/empty-jit timeout 120 python3 -c "import json; from ptxbackend.deploy.library_warmup import child; print(json.dumps(child('curand', '$lib')))"
 python3 -m pip uninstall -q -y ptxbackend
 echo "== benchmarks: the library section (first process, second process, new machine)"
 PYTHONPATH=/tmp/site timeout 330 python3 benchmarks/run.py --sections libraries --curand "$lib" --no-plots --out $OUT/bench-lib > $OUT/bench-lib.log 2>&1

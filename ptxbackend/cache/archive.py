@@ -1,6 +1,6 @@
 """Reading a bundle someone else made, front to back, and signing one.
 
-Both kinds of bundle (kernel bundles, :mod:`.bundle`; driver-JIT bundles, :mod:`ptxbackend.driverjit`)
+Both kinds of bundle (kernel bundles, :mod:`.bundle`; driver-JIT bundles, :mod:`ptxbackend.deploy.jit_bundle`)
 are tars whose first member is a JSON manifest listing every file (name, size, SHA-256) and, when the
 machine that made it has a fleet key, whose second member is the manifest's HMAC-SHA256 under that key
 (the manifest's checksums then vouch for every file).

@@ -28,11 +28,11 @@ import tarfile
 import time
 import zlib
 
-from .. import _fsutil
+from ..files import private
 from .._version import __version__
 from ..errors import CacheError
 from . import archive as archive_format
-from . import depsets
+from ..dependencies import depsets
 from . import entry as entry_format
 from . import provenance
 from .layout import depset_name
@@ -87,7 +87,7 @@ def export_bundle(store, destination, include_jit=True, force=False, key=None):
     blobs = []
     for path in sorted(files):
         try:
-            data = _fsutil.read_file(path)
+            data = private.read_file(path)
         except OSError:
             continue
         if path.endswith(".json"):
@@ -105,7 +105,7 @@ def export_bundle(store, destination, include_jit=True, force=False, key=None):
         blobs.append((name, data))
     manifest = {"format": BUNDLE_FORMAT, "schema": SCHEMA_VERSION, "ptxbackend": __version__,
                 "created": time.time(), "files": records}
-    with _fsutil.new_file_beside(destination, force) as handle:
+    with private.new_file_beside(destination, force) as handle:
         with tarfile.open(fileobj=handle, mode="w:gz") as archive:
             manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
             add_member(archive, MANIFEST, manifest_bytes)
@@ -122,7 +122,7 @@ def _store_name(store, path):
 
 def _read_or_none(path):
     try:
-        return _fsutil.read_file(path)
+        return private.read_file(path)
     except OSError:
         return None
 
@@ -278,13 +278,13 @@ def import_bundle(store, source, key=None):
         path = os.path.join(store.root, *name.split("/"))
         is_entry = not name.endswith(".json")
         try:
-            if _fsutil.read_file(path) == data:
+            if private.read_file(path) == data:
                 present += is_entry
                 continue
         except OSError:
             pass
-        _fsutil.make_private_dirs(os.path.dirname(path))
-        _fsutil.write_atomic(path, data, durable=True)
+        private.make_private_dirs(os.path.dirname(path))
+        private.write_atomic(path, data, durable=True)
         added += is_entry
     for name, data in verified:
         if not name.endswith(".json"):

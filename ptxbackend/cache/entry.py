@@ -12,7 +12,7 @@ Layout (little-endian), schema 4::
     key        64 bytes  the request key, ASCII, NUL-padded
     checksum   u32       CRC-32 of every other byte of the file
     metadata   meta_len bytes of UTF-8 JSON (an object; never pickle)
-    deps       deps_len bytes: the digest of the entry's dependency set (see ptxbackend.cache.depsets)
+    deps       deps_len bytes: the digest of the entry's dependency set (see ptxbackend.dependencies.depsets)
     payload    body_len bytes: the PTX, cubin or fatbin image
 
 Every field is checked on read, and the file's size must match the header

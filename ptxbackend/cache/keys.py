@@ -7,7 +7,7 @@ nvcc preprocesses with, the environment variables the compiler reads
 (``NVCC_APPEND_FLAGS``, ``CPATH``, nvcc.profile's ...) and the digest of the
 toolkit's content.  The files a compile reads (headers) are not known before
 it runs: they go into the entry's dependency set (see
-:mod:`ptxbackend.cache.depsets`).  The compiler's readable name (the
+:mod:`ptxbackend.dependencies.depsets`).  The compiler's readable name (the
 *producer*) is part of the entry's path and metadata, so a machine with no
 compiler can still find an entry for the same request.
 """

@@ -20,9 +20,9 @@ import shutil
 import stat as stat_module
 import time
 
-import _ptxbackend_pth
+import _ptxbackend_env
 
-from .. import _fsutil
+from ..files import private
 from ..errors import CacheError
 from . import entry as entry_format
 from .base import Store, UnusableValue
@@ -37,7 +37,7 @@ _PRUNE_EVERY = 300.0   # look at the total size at most every five minutes, on w
 
 def _check_private_dir(path):
     """Refuse a directory another user could write into: entries there could be planted."""
-    why = _ptxbackend_pth.private_dir_problem(path)
+    why = _ptxbackend_env.private_dir_problem(path)
     if why:
         raise CacheError(why)
 
@@ -45,7 +45,7 @@ def _check_private_dir(path):
 def _check_parents(path):
     """Refuse a cache another user could replace: a link of theirs on the way, or a directory above it
     that they own or can write (the rules the start-up hook applies too, so they live with it)."""
-    why = _ptxbackend_pth.parents_problem(path)
+    why = _ptxbackend_env.parents_problem(path)
     if why:
         raise CacheError(why)
 
@@ -63,7 +63,7 @@ class DirectoryStore(Store):
         self._dirs = {}
         _check_parents(self.root)  # first: creating v4/ through another user's link writes in its target
         try:
-            _fsutil.make_private_dirs(self.base)
+            private.make_private_dirs(self.base)
         except OSError as exc:
             raise CacheError("cannot create cache directory %s: %s. Set PTXBACKEND_CACHE_DIR "
                              "to a writable directory." % (self.base, exc))
@@ -94,8 +94,8 @@ class DirectoryStore(Store):
         """
         path = self.path_of(name)
         try:
-            blob, st = _fsutil.read_file_and_stat(path)
-        except _fsutil.UnsafeFile as exc:
+            blob, st = private.read_file_and_stat(path)
+        except private.UnsafeFile as exc:
             raise UnusableValue(exc.strerror)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
@@ -111,8 +111,8 @@ class DirectoryStore(Store):
     def put(self, name, blob):
         """Write ``name`` atomically; prune now and then.  Raises ``OSError`` (e.g. ENOSPC)."""
         path = self.path_of(name)
-        _fsutil.make_private_dirs(os.path.dirname(path))
-        _fsutil.write_atomic(path, blob)
+        private.make_private_dirs(os.path.dirname(path))
+        private.write_atomic(path, blob)
         self._maybe_prune()
 
     def delete(self, name):
@@ -120,7 +120,7 @@ class DirectoryStore(Store):
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)  # a directory planted where a file belongs
         else:
-            _fsutil.remove_quietly(path)
+            private.remove_quietly(path)
 
     @contextlib.contextmanager
     def lock(self, name, timeout=None):
@@ -130,10 +130,10 @@ class DirectoryStore(Store):
         waited on forever) and ``OSError`` when the lock file cannot be created at all.
         """
         lock_path = self._lock_path(name)
-        _fsutil.make_private_dirs(os.path.dirname(lock_path))
+        private.make_private_dirs(os.path.dirname(lock_path))
         if os.path.islink(lock_path):
             log.warning("ptxbackend: removing a symlink planted at lock path %s", lock_path)
-            _fsutil.remove_quietly(lock_path)
+            private.remove_quietly(lock_path)
         held = self._acquire(lock_path, self.lock_timeout if timeout is None else timeout)
         try:
             yield True
@@ -142,9 +142,9 @@ class DirectoryStore(Store):
 
     def _acquire(self, lock_path, timeout):
         """An entered context manager holding ``lock_path``; CacheError after ``timeout``."""
-        if _fsutil.fcntl is not None:
+        if private.fcntl is not None:
             # A bare flock: filelock's general machinery costs about 0.3 ms per miss.
-            held, timeout_error = _fsutil.exclusive_lock(lock_path, timeout), _fsutil.LockTimeout
+            held, timeout_error = private.exclusive_lock(lock_path, timeout), private.LockTimeout
         else:
             import filelock
             held, timeout_error = filelock.FileLock(lock_path, timeout=timeout), filelock.Timeout
@@ -175,13 +175,13 @@ class DirectoryStore(Store):
         return sorted((n for n in names if n not in RESERVED and "-" in n), reverse=True)
 
     # -- maintenance ---------------------------------------------------------------------------
-    # Walked and changed through descriptors of this cache's own directories (_fsutil.walk_files):
+    # Walked and changed through descriptors of this cache's own directories (private.walk_files):
     # a directory swapped for a symlink mid-run can never point a deletion outside the cache.
 
     @contextlib.contextmanager
     def _base_fd(self):
         try:
-            fd = _fsutil.open_directory(self.base)
+            fd = private.open_directory(self.base)
         except OSError as exc:
             raise CacheError("cannot open cache directory %s: %s" % (self.base, exc.strerror or exc))
         try:
@@ -192,7 +192,7 @@ class DirectoryStore(Store):
     def _files(self, base_fd, include_depsets=False):
         """Yield ``(directory_fd, relative_path, name, stat)`` of every file below a producer."""
         for producer in self.producers(base_fd) + (["depsets"] if include_depsets else []):
-            for dir_fd, relative_dir, name, st in _fsutil.walk_files(base_fd, producer):
+            for dir_fd, relative_dir, name, st in private.walk_files(base_fd, producer):
                 yield dir_fd, os.path.join(relative_dir, name), name, st
 
     @staticmethod
@@ -215,7 +215,7 @@ class DirectoryStore(Store):
                 if not self._is_entry(name, st):
                     continue
                 try:
-                    entry_format.decode(_fsutil.read_at(dir_fd, name))
+                    entry_format.decode(private.read_at(dir_fd, name))
                     good += 1
                 except (OSError, entry_format.CorruptEntry) as exc:
                     bad.append((os.path.join(self.base, relative), str(exc)))
@@ -258,7 +258,7 @@ class DirectoryStore(Store):
                 if total <= goal:
                     break
                 try:
-                    _fsutil.unlink_beneath(base_fd, relative)
+                    private.unlink_beneath(base_fd, relative)
                 except OSError:
                     continue  # gone already, or its directory was swapped for a link: not ours to touch
                 total -= size
@@ -276,8 +276,8 @@ class DirectoryStore(Store):
         except OSError:
             pass
         try:
-            _fsutil.make_private_dirs(os.path.dirname(stamp))
-            _fsutil.write_atomic(stamp, b"")
+            private.make_private_dirs(os.path.dirname(stamp))
+            private.write_atomic(stamp, b"")
             self.prune()
         except OSError as exc:
             log.debug("ptxbackend: pruning skipped: %s", exc)
@@ -285,8 +285,8 @@ class DirectoryStore(Store):
     def clear(self):
         """Remove every entry, lock and memo of this schema version."""
         with self._root_fd() as root_fd:
-            _fsutil.remove_tree_beneath(root_fd, LAYOUT)
-        _fsutil.make_private_dirs(self.base)
+            private.remove_tree_beneath(root_fd, LAYOUT)
+        private.make_private_dirs(self.base)
 
     @contextlib.contextmanager
     def _root_fd(self):
@@ -294,7 +294,7 @@ class DirectoryStore(Store):
         below it is found and removed through it, wherever a path would lead by then."""
         try:
             _check_parents(self.root)
-            fd = os.open(self.root, os.O_RDONLY | _fsutil.DIRECTORY | _fsutil.CLOEXEC)
+            fd = os.open(self.root, os.O_RDONLY | private.DIRECTORY | private.CLOEXEC)
         except OSError as exc:
             raise CacheError("cannot open cache directory %s: %s" % (self.root, exc.strerror or exc))
         try:
@@ -335,5 +335,5 @@ class DirectoryStore(Store):
         with self._root_fd() as root_fd:
             removed = self._old_layouts_at(root_fd)
             for name in removed:
-                _fsutil.remove_tree_beneath(root_fd, name)
+                private.remove_tree_beneath(root_fd, name)
         return removed

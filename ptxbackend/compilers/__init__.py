@@ -1,4 +1,9 @@
-"""Compiler backends: nvcc (a subprocess) and NVRTC (a library through ctypes)."""
+"""Compiler backends: nvcc (a subprocess) and NVRTC (a library through ctypes).
+
+Owns: :mod:`.base` (a compiler's identity and its memo), :mod:`.nvcc`, :mod:`.nvrtc` and
+:mod:`.options` (options that name files).  May import ``dependencies``, ``gpu.libraries``,
+``files``, ``config`` and ``errors``; a compiler is handed its settings, it never resolves them.
+"""
 
 import os
 

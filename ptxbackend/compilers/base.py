@@ -4,7 +4,7 @@ import hashlib
 import json
 import os
 
-from .. import _fsutil, watching
+from ..files import private, watching
 
 # Architectures each CUDA release knows, for tools that cannot list them
 # (nvcc before --list-gpu-arch, NVRTC before nvrtcGetSupportedArchs).
@@ -122,7 +122,7 @@ class CompilerIdentity(object):
         costs one read of the watcher instead of a stat per file (3-4 for nvcc with a host compiler,
         2 us each on the H200).  Where they cannot be watched, every call checks in full.
         """
-        ticket = (_fsutil.process_id(), watching.poll())
+        ticket = (private.process_id(), watching.poll())
         if self._trusted == ticket:
             return True
         # Watch before checking, so that a change between the two is heard.
@@ -208,7 +208,7 @@ def remembered_identity(kind, path, probe, memo_dir, context=""):
         memo = os.path.join(memo_dir, hashlib.sha256(fingerprint.encode("utf-8", "surrogateescape"))
                             .hexdigest()[:32] + ".json")
         try:
-            data = json.loads(_fsutil.read_file(memo).decode("utf-8"))
+            data = json.loads(private.read_file(memo).decode("utf-8"))
             if data.get("fingerprint") == fingerprint:
                 identity = CompilerIdentity.from_json(data["identity"])
                 if identity.kind == kind and identity.path == path and identity.files \
@@ -219,9 +219,9 @@ def remembered_identity(kind, path, probe, memo_dir, context=""):
     identity = probe(path)
     if memo:
         try:
-            _fsutil.make_private_dirs(memo_dir)
+            private.make_private_dirs(memo_dir)
             blob = json.dumps({"fingerprint": fingerprint, "identity": identity.to_json()})
-            _fsutil.write_atomic(memo, blob.encode("utf-8"))
+            private.write_atomic(memo, blob.encode("utf-8"))
         except OSError:
             pass
     return identity
@@ -313,16 +313,18 @@ class Compiler(object):
         change, such as nvcc's private working directory)."""
         return None
 
-    def compile(self, source, options, target, name="kernel.cu", inputs=None):
+    def compile(self, source, options, target, name="kernel.cu", inputs=None, timeout=None):
         """Compile CUDA C++ ``source`` for ``target`` and return the image bytes.
 
         Args:
             source: the kernel source text.
             options: the caller's compiler options (a sequence of str), kept as given.
-            target: a concrete :class:`~ptxbackend.targets.Target`.
+            target: a concrete :class:`~ptxbackend.compiling.targets.Target`.
             name: the file name the compiler sees (appears in its messages and in ``assert``).
             inputs: a list that receives the path of every file the compile read
                 besides the source, for the cache's dependency check.
+            timeout: seconds the compile may take (``PTXBACKEND_COMPILE_TIMEOUT``; where it can be
+                enforced).
 
         Raises:
             CompileError: the compiler failed; the error carries its log.

@@ -8,13 +8,13 @@ import signal
 import subprocess
 import tempfile
 
-from ..config import NVCC_ENVIRONMENT
+from ..config import KNOBS, NVCC_ENVIRONMENT
 from ..errors import CompileError, CompilerNotFoundError
 from .base import (Compiler, CompilerIdentity, archs_from_table, content_digest, file_signature,
                    remembered_identity, unknown_arch_hint)
-from .includes import parse_depfile, parse_make_rule
+from ..dependencies.depfiles import parse_depfile, parse_make_rule
 from .options import read_path_options
-from .reads import UNKNOWN_READS, environment_include_dirs, scan_includes
+from ..dependencies.reads import UNKNOWN_READS, environment_include_dirs, scan_includes
 
 NVCC_ENV = "PTXBACKEND_NVCC"
 
@@ -340,7 +340,11 @@ class NvccCompiler(Compiler):
         return ([self.identity.path, _OUTPUT_FLAG[target.output_kind]] + _arch_flags(target)
                 + list(options) + ["-o", output_name, source_name])
 
-    def compile(self, source, options, target, name="kernel.cu", inputs=None):
+    def compile(self, source, options, target, name="kernel.cu", inputs=None, timeout=None):
+        """See :meth:`Compiler.compile`; ``timeout``: seconds before nvcc's process group is killed
+        (``PTXBACKEND_COMPILE_TIMEOUT`` as the engine resolved it; ``None``: that knob's default; 0: none)."""
+        if timeout is None:
+            timeout = KNOBS["compile_timeout"][1]
         name = _name_in_workdir(name)
         if "\0" in name or any("\0" in str(option) for option in options):
             # execve() cannot pass it: Popen would raise a bare ValueError
@@ -363,7 +367,7 @@ class NvccCompiler(Compiler):
             by_host = inputs is not None and self._host_can_list(target, paths, depfile)
             if inputs is not None:
                 cmd[-3:-3] = _dependency_flags(depfile, by_host)
-            code, log = self._run(cmd, workdir)
+            code, log = self._run(cmd, workdir, timeout)
             if code != 0 or not os.path.isfile(output_path):
                 raise CompileError(
                     ("nvcc %s failed with exit status %s while building %s for %s" if code != 0 else
@@ -380,16 +384,15 @@ class NvccCompiler(Compiler):
                 output_path += ".again"
                 cmd = self.command(target, options, name, output_path)
                 cmd[-3:-3] = _dependency_flags(depfile, False)
-                self._run(cmd, workdir)
+                self._run(cmd, workdir, timeout)
             if inputs is not None:
                 inputs.extend(_read_depfile(depfile, workdir, output_path, by_host))
             return image
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _run(self, cmd, workdir):
-        from ..config import load_settings
-        timeout = load_settings().compile_timeout or None  # 0: no limit
+    def _run(self, cmd, workdir, timeout):
+        timeout = timeout or None  # 0: no limit
         try:
             return _run(cmd, cwd=workdir, timeout=timeout)
         except OSError as exc:

@@ -17,13 +17,13 @@ import threading
 from ..errors import CompileError, CompilerNotFoundError
 from .base import Compiler, CompilerIdentity, archs_from_table, file_signature, unknown_arch_hint
 from .options import read_path_options
-from .reads import UNKNOWN_READS, OpenedFiles, nvrtc_source_directory, scan_includes
+from ..dependencies.reads import UNKNOWN_READS, OpenedFiles, nvrtc_source_directory, scan_includes
 
 __all__ = ["NVRTC_ENV", "find_nvrtc", "probe_nvrtc", "NvrtcCompiler", "nvrtc_compiler"]
 
 # Finding the library is libsearch's job (it is not a compiler); these names
 # stay importable from here for the code below and for this module's callers.
-from ..libsearch import NVRTC_ENV, NVRTC_HOW_TO_FIX as _FIX, find_nvrtc, is_nvrtc_builtins as _is_builtins
+from ..gpu.libraries import NVRTC_ENV, NVRTC_HOW_TO_FIX as _FIX, find_nvrtc, is_nvrtc_builtins as _is_builtins
 
 _WINDOWS = sys.platform.startswith("win")
 log = logging.getLogger("ptxbackend")
@@ -326,7 +326,7 @@ class NvrtcCompiler(Compiler):
     def _where(self):
         return "NVRTC %s at %s" % (self.identity.version, self.identity.path)
 
-    def compile(self, source, options, target, name="kernel.cu", inputs=None, precompiled=None):
+    def compile(self, source, options, target, name="kernel.cu", inputs=None, precompiled=None, timeout=None):
         """Compile ``source`` for ``target`` (a single-part Target) and return PTX or cubin bytes.
 
         The options are passed after ``--gpu-architecture=<target>`` exactly as
@@ -340,6 +340,7 @@ class NvrtcCompiler(Compiler):
 
         ``precompiled``: a generation number (precompiled.py) to compile with NVRTC's precompiled
         headers of that generation; ``inputs`` then gets only what this compile itself opened.
+        ``timeout`` is not applied: NVRTC runs in this process, where nothing can stop it.
         """
         kind = target.output_kind
         arch = "%s_%d%s" % target.parts[0]

@@ -16,7 +16,7 @@ working directory first, then on the include path.
 
 import os
 
-from .._fsutil import read_regular
+from ..files.private import read_regular
 
 # flag -> what its value is.  Both "-I dir" and "-Idir" / "--include-path=dir" forms are read.
 _PATH_FLAGS = {

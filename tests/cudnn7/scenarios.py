@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from ptxbackend.libwarm import tree_size  # run by the venv's python (run_gpu.sh), where ptxbackend is
+from ptxbackend.deploy.library_warmup import tree_size  # run by the venv's python (run_gpu.sh), where ptxbackend is
 
 HOME = os.environ["CUDNN7_HOME"]
 LIB = os.environ["CUDNN7_LIB"]

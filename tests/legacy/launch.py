@@ -5,7 +5,7 @@
 Observation only: after ``import cupy`` (when the start-up hook, if active, has
 already replaced CuPy's compile function) it wraps the function Chainer's CuPy
 calls, ``cupy.cuda.compile_with_cache``, and, when ptxbackend serves CuPy, the
-``ptxbackend.engine.compile`` it calls, to record per kernel: its name, the time
+``ptxbackend.compiling.engine.compile`` it calls, to record per kernel: its name, the time
 taken, what ptxbackend produced (kind, target, producer, cache hit) or why it
 failed.  Then it runs the program as ``__main__``.  The record is written even
 when the program fails (then with its error).
@@ -68,7 +68,7 @@ def main():
         cupy.cuda.compile_with_cache = compile_with_cache
 
         if record["hook_active"]:
-            from ptxbackend import engine
+            from ptxbackend.compiling import engine
             engine_compile = engine.compile
 
             def traced_compile(source, *args, **kwargs):
@@ -88,7 +88,7 @@ def main():
 
             # The driver JITs counted where ptxbackend asks for them (a JIT cubin found in a cache:
             # none); and, at the end, what its caches served (local, fleet).
-            from ptxbackend import driver
+            from ptxbackend.gpu import driver
             link_ptx = driver.link_ptx
             record["jit_links"] = 0
 
@@ -113,7 +113,7 @@ def main():
         record["seconds"] = round(time.time() - start, 3)
         if record.get("hook_active"):
             try:
-                from ptxbackend import engine
+                from ptxbackend.compiling import engine
                 from ptxbackend.config import load_settings
                 record["cache_stats"] = engine.open_cache(load_settings()).stats()
             except Exception as exc:

@@ -1,0 +1,478 @@
+"""The ``ptxbackend`` command line (also ``python -m ptxbackend``)."""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from .._version import __version__
+from ..errors import ConfigError, PtxBackendError
+
+
+def _count(number, one, many):
+    return "%d %s" % (number, one if number == 1 else many)
+
+
+def _cmd_doctor(args):
+    from . import doctor
+    report = doctor.collect()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        print(doctor.render(report))
+    return 1 if report.get("problems") else 0
+
+
+def _cmd_compile(args):
+    from ..files import user
+    from ..compiling.engine import compile as compile_kernel
+    from ..compiling.engine import open_store
+    from ..config import load_settings
+    source = user.read_input(args.file, "source file", user.SOURCE_LIMIT, stdin_ok=True)
+    output = None
+    if args.output is not None:
+        # Checked before the compile: a bad -o must not cost a compile first.
+        output = user.check_output(args.output, "output file", inputs=[args.file],
+                                        cache_root=open_store(load_settings()).root)
+    from_stdin = args.file == "-"
+    options = args.compiler_options
+    started = time.time()
+    artifact = compile_kernel(source, options, target=args.target, compiler=args.compiler,
+                              device_cc=args.device_cc, name="stdin.cu" if from_stdin else args.file,
+                              source_dir=os.getcwd() if from_stdin else
+                              os.path.dirname(os.path.abspath(args.file)))
+    elapsed = time.time() - started
+    print("target:   %s (%s)" % (artifact.target, artifact.reason))
+    print("kind:     %s, %d bytes, by %s" % (artifact.kind, len(artifact.image), artifact.producer))
+    print("cache:    %s" % artifact.path)
+    print("result:   %s in %.3f s" % ("hit" if artifact.cache_hit else "miss (compiled)", elapsed))
+    if output:
+        user.write_output(output, artifact.image, "output file")
+        print("written:  %s" % args.output)
+    return 0
+
+
+def _cmd_cache(args):
+    from ..config import load_settings
+    from ..compiling.engine import open_store
+    from ..config import parse_size
+    from ..cache.entries import EntryCache
+    from ..files import user
+    if args.file is not None and args.action not in ("export", "import"):
+        print("ptxbackend: error: cache %s takes no FILE (got %r)" % (args.action, args.file), file=sys.stderr)
+        return 2
+    if args.action in ("info", "list") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
+        # Looking must not create: an empty report, and the directory is made by the first compile.
+        if args.action == "info":
+            print("cache dir: %s (not created yet: nothing compiled)\nentries:   0" % os.path.abspath(
+                os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir)))
+        return 0
+    store = open_store(load_settings(cache_dir=args.cache_dir))
+    if args.action == "info":
+        entries = list(store.entries())
+        total = sum(size for _p, size, _m in entries)
+        print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (limit %.0f MiB)" % (
+            store.root, len(entries), total / 1048576.0, (store.max_size or 0) / 1048576.0))
+        for producer, _record in EntryCache(store).producer_records():
+            print("producer:  %s" % producer)
+        _print_remote(load_settings(cache_dir=args.cache_dir))
+        old = store.old_layouts()
+        if old:
+            print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
+                  "removes them)" % ", ".join(old))
+    elif args.action == "list":
+        for path, size, mtime in sorted(store.entries()):
+            print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
+                                    os.path.relpath(path, store.root)))
+    elif args.action == "verify":
+        good, bad = store.verify(repair=args.repair)
+        for path, why in bad:
+            print("BAD  %s: %s%s" % (path, why, " (removed)" if args.repair else ""))
+        print("%s verified, %d bad" % (_count(good, "entry", "entries"), len(bad)))
+        return 1 if bad and not args.repair else 0
+    elif args.action == "prune":
+        try:
+            limit = parse_size(args.max_size) if args.max_size else None
+        except ValueError as exc:
+            raise ConfigError("--max-size %s" % exc)
+        removed, freed = store.prune(limit)
+        print("removed %s, %.2f MiB" % (_count(removed, "entry", "entries"), freed / 1048576.0))
+        for name in store.remove_old_layouts():
+            print("removed the old layout %s" % os.path.join(store.root, name))
+    elif args.action == "push":
+        from ..compiling.engine import open_cache
+        settings = load_settings(cache_dir=args.cache_dir)
+        _fleet_store(settings, "cache push")
+        cache = open_cache(settings)
+        if not cache.remote.writable:
+            raise PtxBackendError("cache push: the %s is read-only here "
+                                  "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)
+        files, size = cache.push()
+        state = cache.remote.stats().get("state", "ok")
+        if state != "ok":
+            why = state[len("failed: "):] if state.startswith("failed: ") else state
+            raise PtxBackendError("cache push to the %s failed: %s" % (cache.remote.description, why))
+        print("pushed %d files (%.2f MiB) from %s to %s" % (files, size / 1048576.0, store.root,
+                                                           cache.remote.description))
+        if cache.push_withheld:
+            print("kept %s that arrived in %s here (never sent on)" % (
+                _count(cache.push_withheld, "entry", "entries"),
+                "an unsigned bundle" if cache.push_withheld == 1 else "unsigned bundles"))
+    elif args.action == "clear":
+        store.clear()
+        store.remove_old_layouts()
+        print("cleared %s" % store.root)
+    elif args.action in ("export", "import"):
+        from ..deploy import jit_bundle
+        from ..cache import bundle
+        if args.from_fleet:
+            if args.action != "import" or args.file:
+                print("ptxbackend: error: --from-fleet goes with `cache import` and no FILE", file=sys.stderr)
+                return 2
+            return _import_from_fleet(load_settings(cache_dir=args.cache_dir))
+        if not args.file:
+            print("ptxbackend: error: cache %s needs a FILE" % args.action, file=sys.stderr)
+            return 2
+        if args.action == "export":
+            user.check_output(args.file, "bundle", cache_root=store.root)
+            count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
+                                         key=jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
+            print("exported %s from %s to %s (%d bytes)" % (_count(count, "entry", "entries"), store.root, args.file,
+                                                                   os.path.getsize(args.file)))
+            return 0
+        _check_bundle_file(args.file)
+        if jit_bundle.is_bundle(args.file):
+            settings = load_settings(cache_dir=args.cache_dir)
+            manifest = jit_bundle.install(args.file, settings.cache_dir, jit_bundle.this_machine(),
+                                         jit_bundle.fleet_key(settings))
+            print("imported the driver JIT cache of %s (driver %s; %s; %d files, %.1f MiB) into %s; new "
+                  "processes use it unless CUDA_CACHE_PATH is set" % (
+                      ", ".join(lib["name"] for lib in manifest["libraries"]) or "-", manifest["driver"]["build"],
+                      ", ".join(g["name"] for g in manifest["gpus"]), len(manifest["files"]),
+                      sum(f["size"] for f in manifest["files"]) / 1048576.0,
+                      jit_bundle.managed_dir(settings.cache_dir)))
+        else:
+            added, present = bundle.import_bundle(store, args.file,
+                                                  jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
+            print("imported %s into %s: %s added, %d already present (all checksums verified)"
+                  % (args.file, store.root, _count(added, "entry", "entries"), present))
+    return 0
+
+
+def _check_bundle_file(path):
+    """A FIFO or device is refused, never waited on; so is a file that is no gzip stream, which
+    tarfile's format guessing would read to its end (minutes for gigabytes of zeros)."""
+    from ..files import user
+    with user.open_input(path, "bundle") as handle:
+        magic = handle.read(2)
+    if magic != b"\x1f\x8b":
+        raise PtxBackendError("%s is not a ptxbackend bundle: `ptxbackend cache export` and `warm "
+                              "--driver-jit-bundle` write gzip-compressed tar files, and it is not one" % path)
+
+
+def _cache_exists(settings):
+    # Anything at the root (an old layout, a file by mistake) goes through the store, which reports it.
+    return os.path.lexists(os.path.expanduser(settings.cache_dir))
+
+
+def _fleet_store(settings, what):
+    from ..compiling.engine import open_cache, remote_problem
+    from ..state import state
+    state.warned.add("remote")  # a command that needs the store says what is wrong as its error, once
+    remote = open_cache(settings).remote
+    if remote is None:
+        raise PtxBackendError("%s needs a fleet store: %s" % (
+            what, remote_problem(settings) or "set PTXBACKEND_REMOTE (docs/fleet.md)"))
+    return remote
+
+
+def _import_from_fleet(settings):
+    """`cache import --from-fleet`: this machine's driver-JIT set from the fleet store, verified as a file."""
+    from ..deploy import jit_bundle
+    remote = _fleet_store(settings, "cache import --from-fleet")
+    machine = jit_bundle.this_machine()
+    work = tempfile.mkdtemp(prefix="ptxbackend-fleet-jit-")
+    try:
+        path = os.path.join(work, "driver-jit.tgz")
+        name = jit_bundle.download(remote, machine, path)
+        manifest = jit_bundle.install(path, settings.cache_dir, machine, jit_bundle.fleet_key(settings))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("imported the driver JIT cache of %s from the fleet store (%s) into %s" % (
+        ", ".join(lib["name"] for lib in manifest["libraries"]) or "-", name,
+        jit_bundle.managed_dir(settings.cache_dir)))
+    return 0
+
+
+def _print_remote(settings):
+    """The fleet store's line of `cache info`: where, mode, whether it answers."""
+    from ..compiling.engine import open_cache, remote_problem
+    if not settings.remote:
+        return
+    cache = open_cache(settings)
+    if cache.remote is None:
+        print("remote:    not used: %s" % remote_problem(settings))
+        return
+    reachable = cache.remote.ping() if hasattr(cache.remote, "ping") else None
+    print("remote:    %s (%s): %s" % (cache.remote.description, settings.remote_mode,
+                                       "reachable" if reachable else cache.remote.stats().get("state")))
+    from ..cache.counters import cache_counters, describe
+    print("counters:  %s (this process)" % describe(cache_counters()))
+
+
+def _cmd_warm(args):
+    if not args.manifest and not args.libs and not args.from_fleet:
+        print("ptxbackend: error: warm needs a MANIFEST (recorded with PTXBACKEND_RECORD=FILE), --libs "
+              "and/or --from-fleet", file=sys.stderr)
+        return 2
+    from ..config import load_settings
+    from ..compiling.engine import open_store
+    names = [n.strip() for n in (args.libs or "").split(",") if n.strip()]
+    if args.libs is not None and not names:
+        print("ptxbackend: error: --libs %r names no library: write e.g. --libs cudnn,cublas" % args.libs,
+              file=sys.stderr)
+        return 2
+    store = open_store(load_settings())  # the cache it warms must be the real one: fail here, before any work
+    if args.driver_jit_bundle is not None:
+        from ..files import user
+        user.check_output(args.driver_jit_bundle, "--driver-jit-bundle", cache_root=store.root)
+    status = 0
+    if args.from_fleet:
+        from ..deploy import fleet_pull
+        settings = load_settings(device_cc=args.device_cc)
+        _fleet_store(settings, "warm --from-fleet")
+        written, refused, groups = fleet_pull.pull(settings)
+        print("wrote %d files of the fleet's working set (%s) into %s%s" % (
+            written, ", ".join(groups), store.root, "; %d refused" % refused if refused else ""))
+    if args.manifest:
+        from ..deploy.replay import replay
+        _compiled, _hits, failures = replay(args.manifest, device_cc=args.device_cc)
+        status = 1 if failures else 0
+    if args.driver_jit_bundle and not args.libs:
+        print("ptxbackend: error: --driver-jit-bundle packs what --libs warms: name the libraries", file=sys.stderr)
+        return 2
+    if args.libs:
+        from ..errors import PtxBackendError
+        from ..deploy.library_warmup import default_jobs, warm_library
+        from ..deploy.replay import Progress, save_library_results
+        jit_dir = None
+        if args.driver_jit_bundle:
+            from ..deploy import jit_bundle
+            key = jit_bundle.fleet_key(load_settings())
+            # A fresh driver cache of its own, so that the bundle holds these libraries' JIT output only.
+            jit_dir = tempfile.mkdtemp(prefix="ptxbackend-driver-jit-")
+        progress = Progress(len(names), "warm libraries")
+        results = []
+        for name in names:
+            try:
+                result = warm_library(name, jit_dir=jit_dir, jobs=args.jobs or default_jobs(), say=_say)
+            except (OSError, RuntimeError, PtxBackendError) as exc:
+                print("  %s: FAILED: %s" % (name, exc))
+                status = 1
+                progress.step(name)
+                continue
+            results.append(result)
+            progress.step(name)
+            if result["parallel"]:
+                _print_parallel(result)
+            print("  %s: first process %.2f s (%s), second process %.3f s; driver JIT cache grew %.1f MiB "
+                  "(CUDA_CACHE_MAXSIZE=%s)%s" % (
+                      result["library"], result["first"]["total_s"],
+                      "after the parallel JIT" if result["parallel"] else "JIT", result["second"]["total_s"],
+                      result["jit_cache_growth_bytes"] / 1048576.0, result["cuda_cache_maxsize"],
+                      "; output sha256 %s" % result["second"]["output_sha256"][:16]
+                      if result["second"].get("output_sha256") else ""))
+            # What the JIT cost without a cache: the first process, plus the workers' share when they did it.
+            jit_s = result["first"]["total_s"] + (result["parallel"] or {}).get("worker_seconds_sum", 0.0)
+            second_s = result["second"]["total_s"]
+            if second_s > 0.5 * max(jit_s, 1e-9) and jit_s > 1.0 and second_s > 1.0:  # under 1 s is no JIT
+                print("  WARNING: the second process was not fast: the driver JIT cache did not keep the "
+                      "result. Check CUDA_CACHE_DISABLE, CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE "
+                      "(ptxbackend doctor).")
+                status = 1
+        save_library_results(results)
+        if jit_dir and results and not status:
+            manifest = jit_bundle.pack(jit_dir, [r["library"] for r in results], args.driver_jit_bundle,
+                                      jit_bundle.this_machine(), key, force=args.force)
+            print("packed the driver JIT cache (%d files, %.1f MiB%s) into %s" % (
+                len(manifest["files"]), sum(f["size"] for f in manifest["files"]) / 1048576.0,
+                ", signed with the fleet key" if key else "", args.driver_jit_bundle))
+            settings = load_settings()
+            if settings.remote:
+                remote = _fleet_store(settings, "uploading the driver JIT set")
+                if remote.writable:
+                    name = jit_bundle.upload(remote, args.driver_jit_bundle, jit_bundle.this_machine())
+                    state = remote.stats().get("state", "ok")
+                    print("uploaded it to the fleet store as %s%s" % (name, "" if state == "ok" else
+                                                                      " (FAILED: %s)" % state))
+        if jit_dir:
+            shutil.rmtree(jit_dir, ignore_errors=True)
+    return status
+
+
+def _say(line):
+    sys.stderr.write("  %s\n" % line)  # unbuffered, beside the progress line: seen even if the run is cut
+    sys.stderr.flush()
+
+
+def _print_parallel(result):
+    """What the parallel JIT did, and whether the library's own start then found it in the cache."""
+    par, first = result["parallel"], result["first"]
+    seconds = [w["seconds"] for w in par["workers"] if w.get("seconds") is not None]
+    print("  parallel JIT (sm_%d): %d fatbin images, %d skipped (SASS for this GPU), %d skipped (no code it can "
+          "use), %d left to the library's start (-rdc, linked at load), %d loaded, %d refused by the driver; "
+          "%.1f MiB of PTX; %d workers %s s, sum %.1f s (the serial warm-up, estimated), wall %.1f s; driver JIT "
+          "cache grew %.1f MiB" % (
+              par["device_cc"], par["images"], par["skipped_sass"], par["skipped_no_code"],
+              par.get("skipped_relocatable", 0), par["loaded"],
+              par["refused"], par["ptx_bytes"] / 1048576.0, par["jobs"],
+              "/".join("%.1f" % s for s in seconds) or "-", par["worker_seconds_sum"], par["wall_s"],
+              par["jit_cache_growth_bytes"] / 1048576.0))
+    for reason in par["failed_workers"] + par["errors"]:
+        print("    %s" % reason)
+    print("  the library's own start then took %.2f s and grew the JIT cache %.1f MiB" % (
+        first["first_call_s"], result["first_growth_bytes"] / 1048576.0))
+    if result["first_growth_bytes"] > max(1 << 20, par["jit_cache_growth_bytes"] // 20) \
+            or par["failed_workers"]:
+        print("  WARNING: the library's own start still JIT-compiled: the parallel loads did not fill (all) the "
+              "cache entries it looks up (the keys did not match, or a worker failed). Its start did the rest "
+              "serially; --jobs 1 is the serial warm-up alone.")
+
+
+def _cmd_demo(args):
+    from . import demo
+    return demo.run(device_cc=args.device_cc, compiler=args.compiler, target=args.target)
+
+
+def _jobs(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError("%r is not a number of processes (1 or more)" % text)
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="ptxbackend",
+        description="Compile CUDA kernels for GPUs newer than your toolkit: PTX, a safe cache, driver JIT.")
+    parser.add_argument("--version", action="version", version="ptxbackend " + __version__)
+    sub = parser.add_subparsers(dest="command")
+
+    doctor = sub.add_parser("doctor", help="report compilers, driver, devices, target choice, cache, problems")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(func=_cmd_doctor)
+
+    def add_build_options(p):
+        p.add_argument("--target", help="auto, native, compute_XY, sm_XY, X.Y or a comma list (PTXBACKEND_TARGET)")
+        p.add_argument("--compiler", choices=("nvcc", "nvrtc"), help="compiler to use (PTXBACKEND_COMPILER)")
+        p.add_argument("--device-cc", help="build for a GPU of this compute capability, e.g. 7.5 "
+                                           "(PTXBACKEND_DEVICE_CC)")
+
+    comp = sub.add_parser("compile", help="compile a .cu file through the cache")
+    comp.add_argument("file", help="CUDA source file")
+    add_build_options(comp)
+    comp.add_argument("-o", "--output", help="also write the image to this file")
+    comp.epilog = "Compiler options go after --, e.g.: ptxbackend compile k.cu --target compute_75 -- -I include"
+    comp.set_defaults(func=_cmd_compile)
+
+    cache = sub.add_parser("cache", help="inspect or maintain the cache")
+    cache.add_argument("action", choices=("info", "list", "verify", "prune", "clear", "export", "import", "push"),
+                       help="push: upload the local entries to the fleet store (PTXBACKEND_REMOTE)")
+    cache.add_argument("file", nargs="?", help="export/import: the bundle (a tar file)")
+    cache.add_argument("--no-jit", action="store_true",
+                       help="export: leave out the per-GPU JIT cubins (keep only compiler output)")
+    cache.add_argument("--force", action="store_true", help="export: replace an existing FILE")
+    cache.add_argument("--from-fleet", action="store_true",
+                       help="import: this machine's driver JIT set (driver build, GPU model) from the fleet store")
+    cache.add_argument("--cache-dir", help="cache directory (PTXBACKEND_CACHE_DIR)")
+    cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
+    cache.add_argument("--max-size", help="prune: size limit, e.g. 500M (default PTXBACKEND_CACHE_MAX_SIZE)")
+    cache.set_defaults(func=_cmd_cache)
+
+    warm = sub.add_parser("warm", help="at deployment: compile and JIT recorded kernels, pre-JIT CUDA libraries")
+    warm.add_argument("manifest", nargs="?", help="kernel manifest written with PTXBACKEND_RECORD=FILE")
+    warm.add_argument("--libs", help="comma list of libraries to pre-JIT: cudnn, cublas, curand or paths")
+    warm.add_argument("--device-cc", help="compile for another GPU (no JIT step), e.g. 7.5")
+    warm.add_argument("--from-fleet", action="store_true",
+                      help="fill the local cache with the fleet store's working set for this machine's "
+                           "compiler, target and GPU (one round trip)")
+    warm.add_argument("--driver-jit-bundle", metavar="FILE",
+                      help="with --libs: warm into a fresh driver JIT cache and pack it into FILE, for "
+                           "`ptxbackend cache import FILE` on machines with the same driver and GPU")
+    warm.add_argument("--force", action="store_true", help="--driver-jit-bundle: replace an existing FILE")
+    warm.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                      help="--libs: JIT the libraries' fatbin images in N processes (default: the CPU count); "
+                           "1: the library's own start does the whole JIT, serially")
+    warm.set_defaults(func=_cmd_warm)
+
+    demo = sub.add_parser("demo", help="compile the example kernel; on a GPU, run it and check the result")
+    add_build_options(demo)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def _stdout_closed():
+    """Whether file descriptor 1 is closed (`ptxbackend cache list >&-`): Python then has no stdout."""
+    if sys.stdout is None:
+        return True
+    import io
+    try:
+        os.fstat(sys.stdout.fileno())
+    except (io.UnsupportedOperation, AttributeError):  # a replaced sys.stdout (tests): it is open
+        return False
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+def main(argv=None):
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first "--" belongs to the compiler, untouched by argparse.
+    compiler_options = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, compiler_options = argv[:split], argv[split + 1:]
+    if _stdout_closed():
+        print("ptxbackend: error: standard output is closed; run it with stdout open (e.g. >/dev/null)",
+              file=sys.stderr)
+        return 1
+    args = parser.parse_args(argv)
+    args.compiler_options = compiler_options
+    from ..compiling import engine
+    engine.state.temporary_cache_fallback = False  # an admin command on a throwaway cache would only pretend
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is found here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        # `ptxbackend cache info | head -1`: the reader has what it wanted; say nothing more.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
+    except KeyboardInterrupt:
+        # Ctrl-C: the compiler child was killed with its group (compilers/nvcc.py); no traceback.
+        print("\nptxbackend: interrupted", file=sys.stderr)
+        return 130
+    except PtxBackendError as exc:
+        print("ptxbackend: error: %s" % exc, file=sys.stderr)
+        return 1
+    except (IOError, OSError) as exc:
+        print("ptxbackend: error: %s" % exc, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

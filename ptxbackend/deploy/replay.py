@@ -1,0 +1,193 @@
+"""Deployment warm-up: record which kernels a program compiles, replay them once at deployment.
+
+``PTXBACKEND_RECORD=/path/manifest.jsonl`` makes every :func:`ptxbackend.compile`
+of the process append the request (source, options, target, compiler) to the
+manifest, once per distinct request.  ``ptxbackend warm MANIFEST`` replays it:
+compile (or hit), and on a GPU load each kernel so the per-device JIT cubin is
+stored too.  After that, the program's start-up compiles and JIT-compiles nothing.
+"""
+
+import json
+import logging
+import os
+import sys
+
+from ..errors import PtxBackendError
+
+log = logging.getLogger("ptxbackend")
+
+
+# Options that name a program or library to run, a file to write, or more options: a manifest is
+# data, and replaying one must never run what it names (issue 25).  Both "-flag value" and
+# "-flag=value" spellings are refused, and the same prefixes glued ("-Xcompiler-fplugin=...").
+_PROGRAM_OPTIONS = ("-ccbin", "--compiler-bindir", "-optf", "--options-file", "-Xcompiler",
+                    "--compiler-options", "-Xlinker", "--linker-options", "-Xnvlink", "--nvlink-options",
+                    "-Xarchive", "--archive-options", "-run", "--run", "--run-args", "-keep-dir",
+                    "--keep-dir", "-odir", "--output-directory", "-o", "--output-file", "-MF",
+                    "--dependency-output", "-use-local-env", "--use-local-env")
+_FIELDS = (("source", True), ("target", True), ("key", False), ("name", False))
+MANIFEST_LIMIT = 1 << 30
+
+
+def _program_option(option):
+    for flag in _PROGRAM_OPTIONS:
+        if option == flag or option.startswith(flag + "=") or (len(flag) > 3 and option.startswith(flag)):
+            return flag
+    return None
+
+
+def _check_record(item):
+    """Why ``item`` is not a request ptxbackend recorded (``None`` when it is one)."""
+    if not isinstance(item, dict):
+        return "not a JSON object"
+    for field, required in _FIELDS:
+        value = item.get(field)
+        if (value is None and required) or (value is not None and not isinstance(value, str)):
+            return "its %r is %s, not a string" % (field, json.dumps(value)[:40])
+    if item.get("compiler") not in (None, "nvcc", "nvrtc"):
+        return "its 'compiler' is %s, not \"nvcc\", \"nvrtc\" or null" % json.dumps(item.get("compiler"))[:40]
+    options = item.get("options")
+    if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+        return "its 'options' are not a list of strings"
+    for option in options:
+        flag = _program_option(option)
+        if flag:
+            return ("its options hold %s, which names a program, options file or output: a manifest is "
+                    "data and never chooses what runs; compile such kernels with ptxbackend.compile() "
+                    "in the program itself" % flag)
+    return None
+
+
+def _lines(path):
+    from ..files import user
+    if path == "-":
+        handle = sys.stdin.buffer
+    else:
+        handle = user.open_input(path, "manifest", MANIFEST_LIMIT)
+    try:
+        while True:
+            raw = handle.readline(user.MANIFEST_LINE_LIMIT + 1)
+            if not raw:
+                return
+            if len(raw) > user.MANIFEST_LINE_LIMIT:
+                raise PtxBackendError("%s holds a line of more than %d bytes: not a ptxbackend manifest" % (
+                    path, user.MANIFEST_LINE_LIMIT))
+            yield raw
+    finally:
+        if handle is not sys.stdin.buffer:
+            handle.close()
+
+
+def read_manifest(path):
+    """The distinct requests of a manifest, in first-seen order."""
+    seen = set()
+    requests = []
+    for number, raw in enumerate(_lines(path), 1):
+        try:
+            line = raw.decode("utf-8")
+            if not line.strip():
+                continue
+            item = json.loads(line)
+        except ValueError:  # UnicodeDecodeError is a ValueError
+            item, why = None, "not JSON"
+        else:
+            why = _check_record(item)
+        if why:
+            raise PtxBackendError("%s line %d is not a ptxbackend manifest record (%s; one JSON object a line, "
+                                  "written with PTXBACKEND_RECORD=FILE; a bundle goes to `ptxbackend cache "
+                                  "import`)" % (path, number, why))
+        marker = (item["source"], tuple(item["options"]), item["target"], item.get("compiler"))
+        if marker not in seen:
+            seen.add(marker)
+            requests.append(item)
+    return requests
+
+
+class Progress(object):
+    """A one-line progress bar on stderr when it is a terminal, else a line every 10%."""
+
+    def __init__(self, total, label, stream=None):
+        self.total = max(total, 1)
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.done = 0
+        self._last_decile = -1
+
+    def step(self, note=""):
+        self.done += 1
+        fraction = self.done / float(self.total)
+        if self.tty:
+            bar = "#" * int(fraction * 30)
+            self.stream.write("\r%s [%-30s] %d/%d %s" % (self.label, bar, self.done, self.total, note[:40]))
+            if self.done == self.total:
+                self.stream.write("\n")
+        elif int(fraction * 10) != self._last_decile:
+            self._last_decile = int(fraction * 10)
+            self.stream.write("%s: %d/%d\n" % (self.label, self.done, self.total))
+        self.stream.flush()
+
+
+def replay(path, device_cc=None, out=print):
+    """Compile every request of the manifest and, on a GPU, store its JIT cubin.
+
+    Returns ``(compiled, hits, failures)``.
+    """
+    from ..gpu import driver
+    from ..compiling.engine import compile as compile_kernel
+    from ..compiling.engine import load
+    from ..errors import PtxBackendError
+    requests = read_manifest(path)
+    on_gpu = device_cc is None and driver.available()
+    progress = Progress(len(requests), "warm kernels")
+    compiled = hits = 0
+    failures = []
+    for item in requests:
+        try:
+            artifact = compile_kernel(item["source"], item["options"], target=item["target"],
+                                      compiler=item.get("compiler"), device_cc=device_cc,
+                                      name=item.get("name") or "kernel.cu")
+            if artifact.cache_hit:
+                hits += 1
+            else:
+                compiled += 1
+            if on_gpu:
+                load(artifact).unload()
+        except PtxBackendError as exc:
+            failures.append(((item.get("key") or "?")[:12], str(exc).splitlines()[0]))
+        progress.step(item.get("name") or "")
+    out("%d kernels: %d compiled, %d already cached, %d failed%s" % (
+        len(requests), compiled, hits, len(failures), "; JIT cubins stored for this GPU" if on_gpu else ""))
+    for key, message in failures:
+        out("  failed %s: %s" % (key, message))
+    return compiled, hits, failures
+
+
+def _library_results_path():
+    from ..config import load_settings
+    from ..compiling.engine import open_store
+    return os.path.join(open_store(load_settings()).meta_dir, "jit-libraries.json")
+
+
+def save_library_results(results):
+    """Remember what each library's JIT needed, so `doctor` can check the driver's cache size."""
+    from ..files import private
+    path = _library_results_path()
+    known = load_library_results()
+    for result in results:
+        known[result["library"]] = {"jit_cache_growth_bytes": result["jit_cache_growth_bytes"],
+                                    "first_s": result["first"]["total_s"], "second_s": result["second"]["total_s"]}
+    try:
+        private.make_private_dirs(os.path.dirname(path))
+        private.write_atomic(path, json.dumps(known, indent=1, sort_keys=True).encode("utf-8"))
+    except OSError as exc:
+        log.warning("ptxbackend: cannot save library warm-up results to %s: %s", path, exc)
+
+
+def load_library_results():
+    try:
+        with open(_library_results_path()) as handle:
+            data = json.load(handle)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
