@@ -25,7 +25,7 @@ import json, logging, os
 import numpy
 import cupy
 from cupy.cuda import compiler
-from ptxbackend import cupy_integration as ci
+from ptxbackend.hook import cupy_integration as ci
 
 mode, salt = os.environ["PTXB_TEST_MODE"], int(os.environ["PTXB_TEST_SALT"])
 if mode == "ptxbackend":

@@ -302,12 +302,12 @@ _OLD_COMPILER = {
              "    return 'stock'\n",
 }
 _OLD_PACKAGE = ("from cupy.cuda import compiler\n"
-                "from ptxbackend import cupy_integration\n"
+                "from ptxbackend.hook import cupy_integration\n"
                 "cupy_integration.on_import(compiler)\n"
                 "from cupy.cuda.compiler import compile_with_cache\n")
 _OLD_CHECK = r'''
 import cupy.cuda, cupy.cuda.compiler as compiler
-from ptxbackend import cupy_integration as ci
+from ptxbackend.hook import cupy_integration as ci
 ours = compiler.compile_with_cache
 original = ours._ptxbackend_original
 print(ci.status()["generation"], ci.status()["replaced"], ci.status()["compiler"])

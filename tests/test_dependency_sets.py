@@ -452,7 +452,7 @@ def test_a_forked_child_checks_for_itself(tmp_path):
     """A child inherits the parent's memory but not its watch: it must check the set itself."""
     code = """
 import os, sys, time
-from ptxbackend.cache import depsets
+from ptxbackend.dependencies import depsets
 header = sys.argv[1]
 built = depsets.build([header], [os.path.dirname(header)], [], [], b"", started=time.time() + 5)
 load = {built.digest: built.blob}.get

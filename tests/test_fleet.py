@@ -23,7 +23,7 @@ from conftest import REPO, count_calls
 MACHINE = r'''
 import json, logging, random, sys, time
 import ptxbackend
-from ptxbackend import engine
+from ptxbackend.compiling import engine
 from ptxbackend.config import load_settings
 kernels, seed, go = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
 warnings = []

@@ -106,7 +106,7 @@ def test_wrong_arch_cubin_planted_at_jit_level_is_rebuilt(nvcc13):
 def test_second_process_loads_cached_cubin_without_jit(nvcc112):
     code = r'''
 import json, os, time, ptxbackend
-from ptxbackend import driver
+from ptxbackend.gpu import driver
 from ptxbackend.cache import layout
 art = ptxbackend.compile(%r)
 cc = driver.compute_capability(driver.current_device())

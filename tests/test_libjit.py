@@ -239,7 +239,7 @@ def test_image_header_cut_by_the_section_end(tmp_path, built):
 
 def _parse_in_child(path):
     """read_images in a child with a time limit: a parse that never ends fails the test instead of hanging it."""
-    code = "import sys; from ptxbackend import fatbin\ntry: fatbin.read_images(sys.argv[1])\n" \
+    code = "import sys; from ptxbackend.gpu import fatbin\ntry: fatbin.read_images(sys.argv[1])\n" \
            "except fatbin.FatbinError as exc: print(exc)"
     return subprocess.check_output([sys.executable, "-c", code, path], timeout=60, cwd=REPO).decode()
 

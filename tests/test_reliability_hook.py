@@ -140,7 +140,7 @@ def _break(site, how):
         with open(os.path.join(package, "__init__.py"), "w") as handle:
             handle.write("raise ImportError('half removed')\n")
     elif how == "cupy_integration removed":
-        os.unlink(os.path.join(package, "cupy_integration.py"))
+        os.unlink(os.path.join(package, "hook", "cupy_integration.py"))
     elif how == "boot module truncated":
         with open(boot, "rb") as handle:
             text = handle.read()

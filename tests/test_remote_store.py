@@ -753,7 +753,7 @@ def test_a_malformed_remote_url_never_breaks_a_compile(nvcc13, monkeypatch, key_
 def test_opening_the_store_imports_no_redis_py(valkey, key_file, namespace):
     """A program whose kernels all hit locally must not pay for importing a client (0.1-0.2 s); one
     server is spoken to without redis-py at all."""
-    code = ("import sys; from ptxbackend import engine; from ptxbackend.config import load_settings; "
+    code = ("import sys; from ptxbackend.compiling import engine; from ptxbackend.config import load_settings; "
             "cache = engine.open_cache(load_settings()); "
             "print(cache.remote is not None, 'redis' in sys.modules); cache.remote.get('x'); "
             "print('redis' in sys.modules, cache.remote.state)")

@@ -25,7 +25,7 @@ rm -rf /tmp/c14 && mkdir -p /tmp/c14 && tar -xf .device/cupy14slice/tests.tar -C
 SLICE="tests/cupy_tests/core_tests/test_elementwise.py tests/cupy_tests/core_tests/test_reduction.py
        tests/cupy_tests/core_tests/test_raw.py tests/cupy_tests/math_tests/test_arithmetic.py"
 ARGS=(-q -p no:cacheprovider --timeout 240 -n 14 -m "not slow" -rfE)
-( cd /tmp/c14 && python3 -c 'import cupy, cupy.cuda.compiler as c, ptxbackend; from ptxbackend import cupy_integration as i; print("hook:", ptxbackend.__version__, ptxbackend.__file__, i.installed(), c._compile_module_with_cache.__module__)' )
+( cd /tmp/c14 && python3 -c 'import cupy, cupy.cuda.compiler as c, ptxbackend; from ptxbackend.hook import cupy_integration as i; print("hook:", ptxbackend.__version__, ptxbackend.__file__, i.installed(), c._compile_module_with_cache.__module__)' )
 ( cd /tmp/c14 && CUPY_CACHE_DIR=/tmp/cupy-ptxb PTXBACKEND_CACHE_DIR=/tmp/ptxb-c14 PTXBACKEND_TARGET=compute_75 \
   timeout 200 python3 -m pytest "${ARGS[@]}" $SLICE > "$OUT/slice-hook.log" 2>&1 )
 say "hook rc=$?"; tail -n 2 "$OUT/slice-hook.log"

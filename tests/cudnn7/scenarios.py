@@ -208,7 +208,7 @@ def pack():
     if not done("warm", "warm --libs cudnn"):
         say("pack: the CLI did not finish and the warm scenario has not either: run warm first")
         return
-    code = ("import sys; from ptxbackend import driverjit; from ptxbackend.config import load_settings; "
+    code = ("import sys; from ptxbackend.deploy import jit_bundle as driverjit; from ptxbackend.config import load_settings; "
             "driverjit.pack(sys.argv[1], [sys.argv[2]], sys.argv[3], driverjit.this_machine(), "
             "driverjit.fleet_key(load_settings()), force=True); print('packed', sys.argv[3])")
     run("pack", "pack from warm", [VENV_PY, "-c", code, os.path.join(HOME, "warm", "jit"), LIB, BUNDLE], env)
