@@ -39,6 +39,7 @@ def pth_line():
 
 report = _ptxbackend_env.report
 disabled = _ptxbackend_env.disabled
+active = _ptxbackend_env.active
 
 
 def _hand_over(module):
@@ -88,11 +89,6 @@ class CupyWatcher(object):
         except Exception as exc:
             report("import hook for %s failed: %s" % (fullname, exc))
         return None
-
-
-def active():
-    """Whether the import hook is registered in this interpreter."""
-    return any(getattr(finder, "ptxbackend_watcher", False) for finder in sys.meta_path)
 
 
 def start():

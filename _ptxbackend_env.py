@@ -171,3 +171,8 @@ def use_imported_jit_cache():
             report("the driver JIT cache is left at the driver's default: %s" % why)
             return
         environ["CUDA_CACHE_PATH"] = set_by_hook["CUDA_CACHE_PATH"] = candidate
+
+
+def active():
+    """Whether a ptxbackend import hook (the placeholder or the CuPy watcher) is registered here."""
+    return any(getattr(finder, "ptxbackend_watcher", False) for finder in sys.meta_path)

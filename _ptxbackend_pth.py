@@ -12,7 +12,7 @@ whatever happens.
 import sys
 
 # parse_size stays reachable from here, where 0.4 kept it.
-from _ptxbackend_env import disabled, parse_size, report, size_jit_cache, use_imported_jit_cache  # noqa: F401
+from _ptxbackend_env import active, disabled, parse_size, report, size_jit_cache, use_imported_jit_cache  # noqa: F401
 
 
 def _boot():
@@ -50,7 +50,7 @@ class PtxbackendPlaceholder(object):
 def install():
     """What ptxbackend.pth and ptxbackend.start run at interpreter start.  Idempotent; never raises."""
     try:
-        if disabled() or any(getattr(f, "ptxbackend_watcher", False) for f in sys.meta_path):
+        if disabled() or active():
             return
         size_jit_cache()
         use_imported_jit_cache()

@@ -107,8 +107,8 @@ def _hook_report(warnings):
     files = [os.path.join(d, "ptxbackend.pth") for d in _site_dirs()
              if os.path.isfile(os.path.join(d, "ptxbackend.pth"))]
     try:
-        import _ptxbackend_boot
-        active, disabled = _ptxbackend_boot.active(), _ptxbackend_boot.disabled()
+        import _ptxbackend_env
+        active, disabled = _ptxbackend_env.active(), _ptxbackend_env.disabled()
     except ImportError:
         active, disabled = False, False
     report = {"pth_files": files, "active": active, "disabled": disabled}
