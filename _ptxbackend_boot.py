@@ -25,11 +25,12 @@ WATCHED = ("cupy.cuda.compiler", "cupy.cuda")
 # (a half-removed install) stays silent, anything else is one line on stderr, once (site may
 # read the same site-packages twice, through lib and lib64: the None makes the second silent).
 # install() never raises, but a truncated module may lack it: that is a damaged install too.
-_PTH_CODE = ("try:\n    import _ptxbackend_pth\n    _ptxbackend_pth.install()\nexcept ImportError:\n    pass\n"
-             "except Exception as exc:\n"
-             "    sys.modules['_ptxbackend_pth'] = None\n"
-             "    sys.stderr.write('ptxbackend: start-up hook: cannot load _ptxbackend_pth (%s: %s); "
-             "reinstall ptxbackend\\n' % (type(exc).__name__, exc))\n")
+# Compiling this text is part of every interpreter's start: it is kept to one statement per line.
+_PTH_CODE = ("try:import _ptxbackend_pth as m;m.install()\n"
+             "except ImportError:pass\n"
+             "except Exception as e:sys.modules['_ptxbackend_pth']=None;sys.stderr.write("
+             "'ptxbackend: start-up hook: cannot load _ptxbackend_pth (%s: %s); reinstall ptxbackend\\n'"
+             "%(type(e).__name__,e))\n")
 
 
 def pth_line():
