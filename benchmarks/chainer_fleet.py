@@ -23,7 +23,7 @@ kernel's output checksum is the same on A and B.
     python benchmarks/chainer_fleet.py --fleet ... --dry-run   # toolkit, hook and fleet checked, no kernel
 
 Writes results.json (every child's figures) and summary.md.  On the H200:
-benchmarks/device/issue27-fleet.sh.
+benchmarks/device/fleet-h200.sh.
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """benchmarks/chainer_fleet.py on the CPU: its summary of recorded children, its refusals, its fleet check.
 
-The timed run needs the H200 (benchmarks/device/issue27-fleet.sh); here the parent's logic is checked on
+The timed run needs the H200 (benchmarks/device/fleet-h200.sh); here the parent's logic is checked on
 a recorded results structure, and the fleet check against a real valkey-server.
 """
 

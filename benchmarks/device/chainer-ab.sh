@@ -4,7 +4,7 @@
 # CuPy v1 with CUDA 13's nvcc for reference (first round only); fresh processes, 100 distinct kernels,
 # ABAB rounds (benchmarks/chainer_ab.py).
 # Carries .device/legacy (tests/legacy/build.sh), .device/nvcc112.tar.xz (cp ../shared/toolkits/nvcc112.tar.xz
-# .device/) and .device/run24 (benchmarks/device/stage-run24.sh: platformdirs/filelock wheels, pb020.tar):
+# .device/) and .device/run24 (benchmarks/device/stage.sh: platformdirs/filelock wheels, pb020.tar):
 # about 52 MiB.
 # Fits in about 4 minutes: setup ~15 s; a tree arm's round ~35-40 s (cold ~0.3 s/kernel with nvcc 11.2,
 # warm a few s), stock13 ~50-60 s (round 0 only); no round is started that the longest time each arm took

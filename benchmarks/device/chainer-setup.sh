@@ -1,4 +1,4 @@
-# Sourced by chainer-ab.sh and issue27-fleet.sh (which set L, D, PY, site and say): Chainer 1.24 and what
+# Sourced by chainer-ab.sh and fleet-h200.sh (which set L, D, PY, site and say): Chainer 1.24 and what
 # its children import installed into $site, CUDA 13's cuBLAS/cuRAND on LD_LIBRARY_PATH, nvcc 11.2 unpacked
 # (sets $nvcc112).
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device call (issue 24), from the repository root on the H200: stock CuPy 14 against the start-up hook
 # of 0.2.0, 0.3.0 and this working tree, fresh processes, 100 distinct kernels, ABAB rounds
-# (benchmarks/cupy14_ab.py). Carries .device/run24 (benchmarks/device/stage-run24.sh makes it).
+# (benchmarks/cupy14_ab.py). Carries .device/run24 (benchmarks/device/stage.sh makes it).
 # Fits in 9 minutes: ~70 s a round (per arm: cold ~14 s at ~0.11 s/kernel, warm ~3 s), so at most 6
 # rounds, and no round is started that the longest so far would push past 430 s; the hard stop at
 # 500 s still leaves the rounds done (results.json and summary.md are rewritten after each round).

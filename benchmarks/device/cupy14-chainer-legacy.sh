@@ -5,7 +5,7 @@
 #   3. the legacy harness, steps a-e and g (tests/legacy/run_gpu.sh).
 # Carries .device/run24, .device/legacy and .device/nvcc112.tar.xz (about 53 MiB).  About 9 minutes.
 ROUNDS=4 BUDGET=170
-. benchmarks/device/issue24-common.sh
+. benchmarks/device/cupy14-ab-setup.sh
 sed -n '1,20p' "$OUT/cupy14-ab/summary.md" 2>/dev/null || tail -n 30 "$OUT/cupy14-ab.log"
 
 say "2. Chainer 1.24 A/B"

@@ -1,10 +1,10 @@
-# Sourced by issue24-cupy14.sh and issue24-chainer.sh: the wheels, 0.2.0's tree and nvcc 11.2 unpacked,
+# Sourced by cupy14-hook-and-slice.sh and cupy14-chainer-legacy.sh: the wheels, 0.2.0's tree and nvcc 11.2 unpacked,
 # then the CuPy 14 A/B (stock, 0.2.0, this tree, this tree with PTXBACKEND_NVRTC_PCH=1) with ROUNDS rounds
 # within BUDGET seconds.
 export PYTHONUNBUFFERED=1
 set -u
 D=.device/run24
-say() { echo "[issue24 ${SECONDS}s] $*"; }
+say() { echo "[cupy14-ab ${SECONDS}s] $*"; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/*.whl || exit 2
 rm -rf /tmp/pb020 && mkdir -p /tmp/pb020 /tmp/tk && tar -xf $D/pb020.tar -C /tmp/pb020 || exit 2
 tar -xJf .device/nvcc112.tar.xz -C /tmp/tk || exit 2

