@@ -38,13 +38,23 @@ def _source(i, headers):
 
 def child(args):
     sys.path.insert(0, args.src)
+    # the interpreter's own .pth hook may have imported another tree's top-level modules already
+    for mod in [m for m in sys.modules if m.startswith("_ptxbackend") or m.split(".")[0] == "ptxbackend"]:
+        del sys.modules[mod]
     import gc
     import ptxbackend
-    from ptxbackend.gpu import driver
-    driver.ensure_context()
+    # compile-only runs without a GPU (a CPU box); the driver module moved from the flat layout (0.4.0)
+    # into ptxbackend.gpu, so both trees are looked up.
+    load = (lambda art: art) if args.compile_only else ptxbackend.load
+    if not args.compile_only:
+        try:
+            from ptxbackend.gpu import driver
+        except ImportError:
+            from ptxbackend import driver
+        driver.ensure_context()
     options = ("-I", INCLUDE) if args.headers else ()
     kw = dict(target=args.target, compiler=args.compiler)
-    ptxbackend.load(ptxbackend.compile(_source(N + 1, args.headers), options, **kw))
+    load(ptxbackend.compile(_source(N + 1, args.headers), options, **kw))
     sources = [_source(i, args.headers) for i in range(N)]
     gc.collect()
     perf = time.perf_counter
@@ -57,16 +67,16 @@ def child(args):
         art = ptxbackend.compile(source, options, **kw)
         in_compile += perf() - c0
         hits += bool(art.cache_hit)
-        keep.append(ptxbackend.load(art))
+        keep.append(load(art))
     total = perf() - t0
     print(json.dumps({"total_us": total / N * 1e6, "compile_us": in_compile / N * 1e6, "hits": hits,
                       "version": ptxbackend.__version__, "from": os.path.dirname(ptxbackend.__file__)}))
 
 
-def _run_child(src, headers, cache, compiler, target):
+def _run_child(src, headers, cache, compiler, target, compile_only=False):
     env = dict(os.environ, PTXBACKEND_CACHE_DIR=cache, PTXBACKEND_DISABLE="1")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--src", src, "--compiler", compiler,
-           "--target", target] + (["--headers"] if headers else [])
+           "--target", target] + (["--headers"] if headers else []) + (["--compile-only"] if compile_only else [])
     out = subprocess.check_output(cmd, env=env, cwd=tempfile.gettempdir())
     return json.loads(out.decode().strip().splitlines()[-1])
 
@@ -84,6 +94,8 @@ def main(argv=None):
     p.add_argument("--compiler", default="nvrtc")
     p.add_argument("--target", default="compute_86")
     p.add_argument("--out", default="hit-ab.json")
+    p.add_argument("--compile-only", action="store_true",
+                   help="time compile() hits alone, no driver or load() (a machine without a GPU)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--src", help=argparse.SUPPRESS)
     p.add_argument("--headers", action="store_true", help=argparse.SUPPRESS)
@@ -101,19 +113,19 @@ def main(argv=None):
         for r, headers in rows.items():
             cache = os.path.join(work, "%s-%s" % (t, r.replace(" ", "-")))
             for _ in range(2):  # fill the cache and the JIT cubins, then a discarded warm process
-                versions[t] = _run_child(src, headers, cache, args.compiler, args.target)
+                versions[t] = _run_child(src, headers, cache, args.compiler, args.target, args.compile_only)
     for i in range(args.pairs):
         order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
         for r, headers in rows.items():
             for t in order:
                 cache = os.path.join(work, "%s-%s" % (t, r.replace(" ", "-")))
-                out = _run_child(trees[t], headers, cache, args.compiler, args.target)
+                out = _run_child(trees[t], headers, cache, args.compiler, args.target, args.compile_only)
                 assert out["hits"] == N, out
                 results[(t, r)].append(out)
     report = {"pairs": args.pairs, "n": N, "compiler": args.compiler, "target": args.target,
               "versions": versions, "rows": {}}
-    lines = ["| row | figure | before us/kernel | after us/kernel | paired delta us (median, p25-p75) |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| row | figure | before us/kernel | after us/kernel | after/before | paired delta us (median, p25-p75) |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         for figure in ("total_us", "compile_us"):
             before = [x[figure] for x in results[("before", r)]]
@@ -123,9 +135,10 @@ def main(argv=None):
                    "delta": statistics.median(deltas), "delta_p25": _pct(deltas, 0.25),
                    "delta_p75": _pct(deltas, 0.75), "before_all": before, "after_all": after}
             report["rows"]["%s %s" % (r, figure)] = row
-            lines.append("| %s | %s | %.1f | %.1f | %+.1f (%+.1f..%+.1f) |" % (
+            row["ratio"] = row["after"] / row["before"]
+            lines.append("| %s | %s | %.1f | %.1f | %.2f | %+.1f (%+.1f..%+.1f) |" % (
                 r, "compile()+load()" if figure == "total_us" else "compile() only", row["before"],
-                row["after"], row["delta"], row["delta_p25"], row["delta_p75"]))
+                row["after"], row["ratio"], row["delta"], row["delta_p25"], row["delta_p75"]))
     with open(args.out, "w") as handle:
         json.dump(report, handle, indent=1)
     print("before: %(version)s from %(from)s" % versions["before"])

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """ptxbackend benchmarks: the cubin path against the PTX path, side by side, with one command.
 
+    python benchmarks/run.py SUITE [SUITE'S OPTIONS]   (one measurement, named for what it measures)
+    python benchmarks/run.py --list                    (the suites and the script behind each)
     python benchmarks/run.py [--quick] [--out DIR] [--sections compile,warm,...]
     python benchmarks/run.py --sections warm --ptxbackend-src OLD --out BEFORE  (an older ptxbackend)
 
@@ -172,7 +174,58 @@ def _isolate_environment(ws):
     os.environ["PTXBACKEND_CACHE_DIR"] = ws.fresh("default-cache")
 
 
+# Suites by what they measure -> (script in benchmarks/ or "section NAME", what it measures).  A script
+# suite's options are the script's own (``run.py SUITE --help``) and it runs in a fresh interpreter, so its
+# imports (CuPy, an old ptxbackend tree) never leak into another's; a section suite is this runner with
+# ``--sections NAME`` and its options (results.json, results.md, plots).
+SUITES = (
+    ("hit", "hit_ab.py", "warm hit: compile()+load() of cached kernels, two trees paired (ABBA), "
+                         "no headers and 9 headers"),
+    ("miss", "bench_miss.py", "ptxbackend's own time per miss (compile() minus NVRTC), trees interleaved"),
+    ("cupy-ab", "cupy14_ab.py", "stock CuPy 14 vs the start-up hook of source trees, cold and warm, ABAB"),
+    ("chainer-ab", "chainer_ab.py", "Chainer 1.24's CuPy v1 through the hook of source trees, cold and warm"),
+    ("compile", "section compile", "cold compile: the cubin path against the PTX path, per kernel"),
+    ("warm", "section warm", "warm start of N kernels: floor, cubin, PTX, stock CuPy"),
+    ("kernels", "section kernels", "kernel run time: cubin against driver-JIT PTX (GPU)"),
+    ("fleet", "section fleet", "M machines x K kernels against one Valkey: compiles, first use, dead remote"),
+    ("chainer-fleet", "chainer_fleet.py", "Chainer 1.24 as two machines of one fleet store"),
+    ("fleet-scale", "bench_fleet_scale.py", "the fleet store as machines and kernels grow"),
+    ("libraries", "section libraries", "an old library's start-up through the driver's JIT cache (GPU)"),
+    ("concurrency", "section concurrency", "P processes cold on the same K kernels, one cache"),
+    ("deps", "bench_deps.py", "what a dependency set costs a header-heavy hit (CuPy 14's headers)"),
+    ("pch", "bench_pch.py", "NVRTC 13 with and without its precompiled header"),
+    ("hook", "section hook", "the start-up hook's cost: python -c pass with and without it"),
+    ("anatomy", "hit_anatomy.py", "where a warm kernel's time goes, step by step"),
+)
+
+
+def _suite_main(argv):
+    """``run.py SUITE ...`` and ``run.py --list``; None when argv is the section runner's."""
+    if not argv:
+        return None
+    if argv[0] == "--list":
+        width = max(len(n) for n, _, _ in SUITES)
+        for name, script, what in SUITES:
+            print("%-*s  %-22s %s" % (width, name, script, what))
+        return 0
+    if argv[0].startswith("-"):
+        return None
+    names = dict((n, s) for n, s, _ in SUITES)
+    if argv[0] not in names:
+        sys.stderr.write("run.py: no suite %r; the suites: %s (run.py --list)\n"
+                         % (argv[0], ", ".join(n for n, _, _ in SUITES)))
+        return 2
+    if names[argv[0]].startswith("section "):
+        return main(["--sections", names[argv[0]].split()[1]] + list(argv[1:]))
+    import subprocess
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), names[argv[0]])
+    return subprocess.call([sys.executable, script] + list(argv[1:]))
+
+
 def main(argv=None):
+    code = _suite_main(sys.argv[1:] if argv is None else argv)
+    if code is not None:
+        return code
     args = parse_args(argv)
     if args.ptxbackend_src:
         _use_ptxbackend_from(args.ptxbackend_src)

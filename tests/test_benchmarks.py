@@ -64,6 +64,70 @@ def test_run_py_help_works():
     assert "--ptxbackend-src" in proc.stdout and "--warm-rows" in proc.stdout
 
 
+SUITE_NAMES = ("hit", "miss", "cupy-ab", "chainer-ab", "fleet", "libraries", "concurrency", "deps", "hook")
+
+
+def _run_py(argv, timeout=120, env=None):
+    return subprocess.run([sys.executable, os.path.join(BENCH, "run.py")] + argv, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout, env=env)
+
+
+def test_run_py_lists_the_suites_by_what_they_measure():
+    proc = _run_py(["--list"])
+    assert proc.returncode == 0, proc.stderr
+    listed = {}
+    for line in proc.stdout.splitlines():
+        words = line.split()
+        listed[words[0]] = "bench_%s.py" % words[2] if words[1] == "section" else words[1]
+    assert set(SUITE_NAMES) <= set(listed), listed
+    for script in listed.values():
+        assert os.path.isfile(os.path.join(BENCH, script)), script
+
+
+@pytest.mark.parametrize("suite", SUITE_NAMES)
+def test_each_suite_starts_its_script(suite):
+    proc = _run_py([suite, "--help"])
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout
+
+
+def test_an_unknown_suite_is_one_clear_line():
+    proc = _run_py(["warmhit"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no suite 'warmhit'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _tree_040(tmp_path):
+    """0.4.0 (flat layout) from git history, or None outside a git checkout."""
+    dest = tmp_path / "pb040"
+    dest.mkdir()
+    archive = subprocess.run(["git", "-C", REPO, "archive", "4f6f762"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    if archive.returncode != 0:
+        return None
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return str(dest)
+
+
+def test_hit_suite_pairs_two_trees_compile_only(nvrtc12_pair, tmp_path):
+    """The hit suite on a CPU box: 0.4.0's flat layout (or this tree) against this tree's packages, one
+    pair, NVRTC, every timed kernel a hit (hit_ab asserts it)."""
+    before = _tree_040(tmp_path) or REPO
+    out = tmp_path / "hit.json"
+    env = dict(os.environ, PTXBACKEND_NVRTC=os.path.join(nvrtc12_pair[1], "libnvrtc.so.12"))
+    proc = _run_py(["hit", "--before", before, "--pairs", "1", "--compile-only", "--out", str(out)],
+                   timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["rows"]) == {"no headers total_us", "no headers compile_us", "headers total_us",
+                                   "headers compile_us"}
+    assert report["versions"]["before"]["from"] == os.path.join(before, "ptxbackend")
+    assert report["versions"]["after"]["from"] == os.path.join(REPO, "ptxbackend")
+    for row in report["rows"].values():
+        assert row["before"] > 0 and row["after"] > 0 and row["ratio"] > 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--ptxbackend-src", "/nonexistent-dir"], "no ptxbackend/__init__.py"),
     (["--ptxbackend-src", REPO, "--sections", "warm,hook"], "hook section"),
