@@ -50,12 +50,22 @@ def activate_tree(tree):
     os.environ.pop("PTXBACKEND_DISABLE", None)
     sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "ptxbackend_watcher", False)]
     for name in list(sys.modules):
-        if name in _HOOK_MODULES or name.startswith("ptxbackend."):
+        if name in _HOOK_MODULES or name == "ptxbackend" or name.startswith("ptxbackend."):
             del sys.modules[name]
     sys.path.insert(0, tree)
     import _ptxbackend_pth
     _ptxbackend_pth.install()
     return _ptxbackend_pth.__file__
+
+
+def tree_module(packaged):
+    """``ptxbackend.<job>.<name>`` of the package layout, or ``ptxbackend.<name>`` of the flat layout
+    (0.4.0 and older): an arm may be either."""
+    import importlib
+    try:
+        return importlib.import_module(packaged)
+    except ImportError:
+        return importlib.import_module("ptxbackend." + packaged.rsplit(".", 1)[1])
 
 
 def inside(path, tree):
@@ -188,7 +198,7 @@ def probe_engine(records, seconds):
     CuPy never shows the artifact, so the engine function the hook calls is wrapped: one Python call
     and an append per kernel (well under a microsecond, against the ~0.2-0.5 ms a warm kernel costs).
     """
-    from ptxbackend.compiling import engine
+    engine = tree_module("ptxbackend.compiling.engine")
     name = hook_entry(engine)
     compile_ = timed(getattr(engine, name), seconds)
 
@@ -208,7 +218,7 @@ HOOK_STAGES = ("compile_settings", "load_settings", "_cupy_options", "_use_cupy_
 def probe_stages(seconds):
     """Time the hook's steps besides the engine call into ``seconds`` ({name: [s, ...]}): where a warm
     kernel's time inside the cache function goes when compile() and the module load do not explain it."""
-    from ptxbackend.hook import cupy_integration
+    cupy_integration = tree_module("ptxbackend.hook.cupy_integration")
     for name in HOOK_STAGES:
         if callable(getattr(cupy_integration, name, None)):
             setattr(cupy_integration, name, timed(getattr(cupy_integration, name), seconds.setdefault(name, [])))

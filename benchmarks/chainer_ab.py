@@ -91,13 +91,12 @@ def _verify(tree, pth_file):
         abrun.assert_stock(replaced)
         return info
     import ptxbackend
-    from ptxbackend.hook import cupy_integration
+    cupy_integration = abrun.tree_module("ptxbackend.hook.cupy_integration")
     abrun.assert_from_tree(tree, pth_file, ptxbackend.__file__)
     if len(replaced) != len(functions) or not cupy_integration.installed():
         raise SystemExit("tree arm: the hook did not take over CuPy v1's compile_with_cache (replaced %s): %s"
                          % (replaced, cupy_integration.status()))
-    from ptxbackend.compilers.nvcc import find_nvcc
-    found = find_nvcc()
+    found = abrun.tree_module("ptxbackend.compilers.nvcc").find_nvcc()
     if os.path.realpath(found) != os.path.realpath(info["nvcc_on_path"] or ""):
         raise SystemExit("tree arm: ptxbackend uses %s, not the nvcc wrapper on PATH (%s)" % (found, info["nvcc_on_path"]))
     info.update(version=ptxbackend.__version__, package_from=os.path.dirname(ptxbackend.__file__),

@@ -71,7 +71,7 @@ def _verify(tree, pth_file):
         abrun.assert_stock(replaced)
         return {}
     import ptxbackend
-    from ptxbackend.hook import cupy_integration
+    cupy_integration = abrun.tree_module("ptxbackend.hook.cupy_integration")
     abrun.assert_from_tree(tree, pth_file, ptxbackend.__file__)
     if not (replaced and cupy_integration.installed()):
         raise SystemExit("tree arm: the hook did not take over CuPy's compiler: %s" % (cupy_integration.status(),))

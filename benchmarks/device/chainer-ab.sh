@@ -20,11 +20,13 @@ PY=${PYTHON:-python3}
 site=/tmp/chainer-ab-site
 say() { echo "[chainer-ab] $*"; }
 
-ls $L/chainer-1.24.0-*.whl $D/pb020.tar $D/filelock-*.whl >/dev/null || { say "carry .device/legacy and .device/run24"; exit 2; }
+# CHAINER_AB_BASE: the baseline tree, NAME=TAR in $D (default 0.2.0=pb020.tar; ab-h200.sh: 0.4.0=pb040.tar)
+BASE=${CHAINER_AB_BASE:-0.2.0=pb020.tar}
+ls $L/chainer-1.24.0-*.whl "$D/${BASE#*=}" $D/filelock-*.whl >/dev/null || { say "carry .device/legacy and .device/run24"; exit 2; }
 . benchmarks/device/chainer-setup.sh  # sets nvcc112
 
-# ptxbackend 0.2.0, the baseline tree
-rm -rf /tmp/pb020 && mkdir -p /tmp/pb020 && tar -xf $D/pb020.tar -C /tmp/pb020 || exit 2
+# the baseline tree
+rm -rf /tmp/chainer-ab-base && mkdir -p /tmp/chainer-ab-base && tar -xf "$D/${BASE#*=}" -C /tmp/chainer-ab-base || exit 2
 say "setup done in ${SECONDS}s"
 
 nvcc13=/usr/local/cuda/bin/nvcc
@@ -33,7 +35,7 @@ budget=$((${CHAINER_AB_BUDGET_S:-225} - SECONDS))  # from this script's start
 # CHAINER_AB_BUDGET_S (225), CHAINER_AB_ROUNDS (5), CHAINER_AB_STOCK13 (1: the reference arm in round 0)
 # CHAINER_AB_EXTRA: more arguments, e.g. --dry-run to check the setup on a machine without a GPU
 timeout 260 "$PY" benchmarks/chainer_ab.py --site "$site" --nvcc112 "$nvcc112" --nvcc13 "$nvcc13" \
-  --tree 0.2.0=/tmp/pb020 --tree now="$PWD" $([ "${CHAINER_AB_STOCK13:-1}" = 1 ] && echo --stock13) \
+  --tree "${BASE%%=*}"=/tmp/chainer-ab-base --tree now="$PWD" $([ "${CHAINER_AB_STOCK13:-1}" = 1 ] && echo --stock13) \
   --rounds "${CHAINER_AB_ROUNDS:-5}" --budget-s "$budget" --child-timeout 120 \
   --out "$OUT/chainer-ab" ${CHAINER_AB_EXTRA:-} > "$OUT/chainer-ab.log" 2>&1
 echo "rc=$? after ${SECONDS}s"
