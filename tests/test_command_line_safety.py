@@ -214,7 +214,7 @@ def test_warm_libs_children_never_import_from_the_working_directory_or_pythonpat
     for place in ("cwd", "pythonpath"):
         planted = tmp_path / place / "ptxbackend"
         (planted / "deploy").mkdir(parents=True)
-        code = "open(%r, 'a').write('%s')\n" % (str(marker), place)
+        code = "import sys\nopen(%r, 'a').write('%s')\nsys.exit(3)\n" % (str(marker), place)
         for name in ("__init__.py", "deploy/__init__.py", "deploy/library_warmup.py"):
             (planted / name).write_text(code)
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "pythonpath"))
