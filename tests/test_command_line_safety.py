@@ -197,6 +197,19 @@ def test_nvcc_runs_with_its_working_and_temporary_directories_private_inside_the
     assert os.listdir(work) == [], "the compile left its private directory behind"
 
 
+def test_a_stale_private_directory_is_swept_and_a_fresh_one_kept(tmp_path, nvcc13):
+    engine.compile(KERNEL, target="compute_75", compiler="nvcc")
+    work = tmp_path / "cache" / "v4" / "work"
+    stale, fresh = work / "nvcc-stale", work / "nvcc-fresh"
+    for path in (stale, fresh):
+        (path / "tmp").mkdir(parents=True)
+    old = time.time() - 2 * 86400
+    os.utime(str(stale), (old, old))
+    engine.compile(KERNEL.replace("1.0f", "2.0f"), target="compute_75", compiler="nvcc")
+    assert not stale.exists(), "a SIGKILLed compile's directory stays forever"
+    assert fresh.exists(), "a running compile's directory was removed"
+
+
 def test_a_cache_path_with_shell_characters_never_reaches_nvccs_shell(tmp_path, nvcc13, monkeypatch):
     _program, marker = canary(tmp_path)
     cache = tmp_path / ("c$(touch %s)" % marker)

@@ -5,8 +5,10 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
+import time
 
 from ..config import KNOBS, NVCC_ENVIRONMENT
 from ..errors import CompileError, CompilerNotFoundError
@@ -274,6 +276,7 @@ def private_workdir(scratch):
         try:
             if parent == scratch:
                 private.make_private_dirs(parent)
+                _sweep(parent)
             path = tempfile.mkdtemp(prefix="nvcc-", dir=parent)
         except OSError:
             continue
@@ -285,6 +288,28 @@ def private_workdir(scratch):
                        "(tried %s): nvcc hands that path to a shell. Set PTXBACKEND_CACHE_DIR or TMPDIR "
                        "to a directory whose path holds only letters, digits and ._+,=@%%~:-/"
                        % ", ".join(tried))
+
+
+# A private directory this old was left by a compile killed with SIGKILL (or a power loss): no
+# compile runs a day.
+_STALE_SECONDS = 24 * 3600
+
+
+def _sweep(scratch):
+    """Remove what killed compiles left in the cache's work directory (a listing per miss)."""
+    now = time.time()
+    try:
+        names = os.listdir(scratch)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(scratch, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if name.startswith("nvcc-") and stat.S_ISDIR(st.st_mode) and now - st.st_mtime > _STALE_SECONDS:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _private_environment(workdir):
