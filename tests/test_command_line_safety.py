@@ -239,7 +239,14 @@ def test_warm_libs_children_never_import_from_the_working_directory_or_pythonpat
     finally:
         os.chdir(old)
     assert not marker.exists(), "a child ran a planted ptxbackend package (%s)" % marker.read_text()
-    assert "no-such-lib.so" in str(info.value)  # the real child's one-line reason
+    assert "no-such-lib.so" in str(info.value)
+    # The real module ran as the child's __main__: a parallel-JIT worker answers with its JSON line.
+    from ptxbackend.deploy.children import python_module
+    proc = subprocess.run(python_module("ptxbackend.deploy.parallel_jit"), env=env, cwd=str(tmp_path / "cwd"),
+                          input=json.dumps({"path": str(tmp_path / "no-such-lib.so"), "ranges": [[0, 4]]}),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    assert not marker.exists()
+    assert "failed" in json.loads(proc.stdout.strip().splitlines()[-1]), (proc.stdout, proc.stderr)
 
 
 # -- signals: SIGTERM and SIGHUP as Ctrl-C ------------------------------------------------------------
