@@ -249,6 +249,15 @@ def test_warm_libs_children_never_import_from_the_working_directory_or_pythonpat
     assert "failed" in json.loads(proc.stdout.strip().splitlines()[-1]), (proc.stdout, proc.stderr)
 
 
+def test_a_childs_import_path_is_its_parents_without_the_working_directory(tmp_path, monkeypatch):
+    from ptxbackend.deploy import children
+    deps = tmp_path / "deps"  # a dependency the parent found on PYTHONPATH: the child needs it too
+    deps.mkdir()
+    monkeypatch.chdir(str(tmp_path))
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path), str(deps), "relative/dir"])
+    assert children.import_path() == [children.package_parent(), str(deps)]
+
+
 # -- signals: SIGTERM and SIGHUP as Ctrl-C ------------------------------------------------------------
 
 def _slow_kernel():
