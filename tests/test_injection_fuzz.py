@@ -8,7 +8,7 @@ outside the cache (``victim.txt``) are planted, and options files that name the 
 After every example: the canary never ran, and nothing outside the cache and the named output changed.
 A refusal must be ptxbackend's own error (one clear line), never another exception.
 
-The budget is fixed (``PTXBACKEND_FUZZ_EXAMPLES``, default 800 examples, 40-60 s on a loaded
+The budget is fixed (``PTXBACKEND_FUZZ_EXAMPLES``, default 600 examples, 30-45 s on a loaded
 2-core box) and the examples are derandomized, so CI runs the same cases every time; a longer local
 run: ``PTXBACKEND_FUZZ_EXAMPLES=2000 pytest tests/test_injection_fuzz.py``.
 """
@@ -28,7 +28,7 @@ from ptxbackend.deploy import replay
 from ptxbackend.errors import PtxBackendError
 
 KERNEL = 'extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n'
-EXAMPLES = int(os.environ.get("PTXBACKEND_FUZZ_EXAMPLES", "800"))
+EXAMPLES = int(os.environ.get("PTXBACKEND_FUZZ_EXAMPLES", "600"))
 
 # The fleet store's URL, with each part open to the fuzzer; port 1 refuses at once.
 URL = "redis://{user}:{password}@127.0.0.1:1/{path}"
@@ -214,7 +214,18 @@ def world(tmp_path):
     return t
 
 
-def test_no_field_runs_the_canary_or_writes_outside_the_cache(world, nvcc13, nvrtc_pch, monkeypatch):
+@pytest.fixture
+def nvrtc_or_none(request):
+    """NVRTC 13.5 where CI unpacked it; elsewhere the fuzzer runs nvcc's fields alone (with
+    PTXBACKEND_REQUIRE_TOOLKITS=1 a missing NVRTC fails, as everywhere)."""
+    try:
+        return request.getfixturevalue("nvrtc_pch")
+    except pytest.skip.Exception:
+        return None
+
+
+def test_no_field_runs_the_canary_or_writes_outside_the_cache(world, nvcc13, nvrtc_or_none, monkeypatch):
+    nvrtc_pch = nvrtc_or_none
     monkeypatch.setenv("PTXBACKEND_FUZZ_CANARY", os.path.join(world, "ran"))
     before = snapshot(world)
 
