@@ -72,6 +72,14 @@ def test_plain_names_keep_their_spelling_so_their_keys_do_not_change():
     assert grammar.source_argument("a$b.cu") == "a_b.cu"
 
 
+def test_a_kernel_name_longer_than_a_file_name_compiles(tmp_path, nvcc13):
+    # Found by the injection fuzzer: a 300-character name was an OSError ("File name too long").
+    names = ["x" * 300, "\u00e9" * 300, "/".join(["d"] * 40) + "/k.cu"]
+    images = [engine.compile(KERNEL, name=name, target="compute_75", compiler="nvcc").image for name in names]
+    assert all(b".entry k(" in image for image in images)
+    assert grammar.source_argument("x" * 300) != grammar.source_argument("x" * 301)
+
+
 def test_cli_compiles_a_file_whose_name_starts_with_a_dash(tmp_path, nvcc13):
     (tmp_path / "-dash.cu").write_text(KERNEL)
     proc = _cli(tmp_path, "compile", "./-dash.cu", "--target", "compute_75", "--compiler", "nvcc",

@@ -15,6 +15,7 @@ run: ``PTXBACKEND_FUZZ_EXAMPLES=2000 pytest tests/test_injection_fuzz.py``.
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -36,6 +37,10 @@ SETTINGS = ("PTXBACKEND_TARGET", "PTXBACKEND_DEVICE_CC", "PTXBACKEND_COMPILER", 
             "PTXBACKEND_LOG", "PTXBACKEND_COMPILE_TIMEOUT", "PTXBACKEND_CUBIN_CACHE", "PTXBACKEND_CACHE_MAX_SIZE",
             "PTXBACKEND_REMOTE_NAMESPACE", "PTXBACKEND_RECORD", "PTXBACKEND_COMPILER_CHECK", "TMPDIR")
 MANIFEST_FIELDS = ("name", "target", "compiler", "key", "source")
+# The config file's keys (those that name a program or library to use are the user's own choice, as in
+# the environment, and are left out).
+CONFIG_KEYS = ("target", "compiler", "device_cc", "cache_dir", "cache_max_size", "cubin_cache", "log",
+               "compile_timeout", "remote_namespace", "compiler_check", "lock_timeout")
 # Flags a hostile value may follow in a manifest (each one the grammar knows, and some it refuses).
 FLAGS = ("-I", "-D", "-isystem", "-include", "-arch", "-std", "--include-path", "-ccbin", "-Xcompiler",
          "--options-file", "-o", "-optf", "--keep-dir", "--pre-include", "-U")
@@ -85,6 +90,8 @@ def examples(t, nvrtc):
         "setting": st.tuples(st.sampled_from(SETTINGS), values(t)),
         "url": st.fixed_dictionaries({"user": values(t), "password": values(t), "path": values(t)}),
         "namespace": values(t),
+        "config": st.tuples(st.sampled_from(CONFIG_KEYS), values(t)),
+        "cli-file": values(t),
     }
     if nvrtc:
         by_kind.update({"nvrtc-name": values(t), "nvrtc-options": option_lists(t)})
@@ -183,6 +190,31 @@ def run_example(t, kind, value, nvrtc):
                              PTXBACKEND_REMOTE_KEY_FILE=os.path.join(t, "fleet.key"),
                              PTXBACKEND_REMOTE_NAMESPACE=_no_nul(value)):
                 engine.compile(KERNEL, target="compute_75", compiler="nvcc")
+        elif kind == "config":
+            key, value = value
+            # One line: a value with a newline would be the user writing another key into their own file.
+            value = " ".join(_no_nul(value).splitlines()) or "x"
+            if key == "cache_dir":
+                value = os.path.join(t, "sandbox", value.replace("..", "__").lstrip("/"))
+            config = os.path.join(t, "sandbox", "config.ini")
+            with open(config, "w") as handle:
+                handle.write("[ptxbackend]\n%s = %s\n" % (key, value.replace("%", "%%")))
+            os.chmod(config, 0o600)
+            with environment(PTXBACKEND_CONFIG=config):
+                engine.compile(KERNEL, target="compute_75", compiler="nvcc")
+        elif kind == "cli-file":
+            # `ptxbackend compile FILE` of a file named so, in the sandbox (a name has no '/' or NUL).
+            name = _no_nul(value).replace("/", "_")[:200]
+            name = "_" + name if name in ("", ".", "..") else name
+            path = os.path.join(t, "sandbox", name)
+            with open(path, "w") as handle:
+                handle.write(KERNEL)
+            from ptxbackend.cli.commands import main
+            with environment(), contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()) as err:
+                status = main(["compile", path, "--target", "compute_75", "--compiler", "nvcc"])
+            assert status in (0, 1) and "Traceback" not in err.getvalue(), err.getvalue()
+            return "done" if status == 0 else "refused"
         elif kind == "nvrtc-name":
             with environment(PTXBACKEND_NVRTC=nvrtc):
                 engine.compile(KERNEL, name=value, target="compute_75", compiler="nvrtc")

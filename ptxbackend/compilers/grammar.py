@@ -20,6 +20,7 @@ Options a program passes to ``ptxbackend.compile()`` itself are its own and
 are kept as given.
 """
 
+import hashlib
 import re
 
 from ..errors import PtxBackendError
@@ -69,18 +70,36 @@ def _name_char(ch):
     return "_"
 
 
+# A file name's bytes (255 on Linux, less the ".cu" that may be added) and the directories above it.
+_MAX_PART = 200
+_MAX_DEPTH = 16
+
+
+def _fitting(part):
+    """``part``, or (longer than a file name may be) its start and a digest of the whole."""
+    if len(part.encode("utf-8", "surrogateescape")) <= _MAX_PART:
+        return part
+    digest = hashlib.sha256(part.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    kept = part[:_MAX_PART // 4 - 20]  # at most 4 bytes a character
+    return "%s~%s" % (kept, digest)
+
+
 def source_argument(name):
     """The name nvcc is given for the source file the caller calls ``name``: a relative path inside
     its private directory, no character a shell reads inside double quotes, ending in ``.cu`` (nvcc
     picks the language by the ending), and ``./`` before one that starts with ``-`` (nvcc would read
     it as an option).  Names made of plain characters are kept as spelt (nvcc writes the name into
-    its output: ``assert`` messages), so their keys do not change."""
+    its output: ``assert`` messages), so their keys do not change.  A part longer than a file name
+    may be is shortened, and kept apart from others by a digest of it."""
     name = str(name).replace("\\", "/")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if not parts or name.startswith("/") or ".." in parts:
         base = name.rpartition("/")[2]
         parts = [base] if base not in ("", ".", "..") else ["kernel.cu"]
-    found = "/".join("".join(_name_char(ch) for ch in part) for part in parts)
+    parts = ["".join(_name_char(ch) for ch in part) for part in parts]
+    if len(parts) > _MAX_DEPTH:
+        parts = parts[-1:]  # a path that deep is no layout anyone compiles from: its file name will do
+    found = "/".join(_fitting(part) for part in parts)
     found = found if found.endswith(".cu") else found + ".cu"
     return "./" + found if found.startswith("-") else found
 
