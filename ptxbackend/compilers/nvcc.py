@@ -1,5 +1,7 @@
 """nvcc, run as a subprocess: what Chainer 1.x's CuPy compiles with."""
 
+import errno
+import logging
 import os
 import re
 import shlex
@@ -22,6 +24,7 @@ from ..files import private
 from ..dependencies.reads import UNKNOWN_READS, environment_include_dirs, scan_includes
 
 NVCC_ENV = "PTXBACKEND_NVCC"
+logger = logging.getLogger("ptxbackend")
 
 _VERSION_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+\.\d+)")
 _ARCH_LINE_RE = re.compile(r"^(compute|sm)_(\d+)$")
@@ -312,6 +315,13 @@ def _sweep(scratch):
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _out_of_space(exc):
+    """Whether a compile failed because the private directory's file system is full (or over quota)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return any(sign in (exc.log or "") for sign in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)))
+
+
 def _private_environment(workdir):
     """nvcc's environment: ours, with its temporary files inside its private directory (not in a
     shared /tmp under names predictable from its pid)."""
@@ -415,11 +425,20 @@ class NvccCompiler(Compiler):
         # Never hand nvcc an include that is a FIFO or device: it would wait on it forever.
         scan_includes(source, paths.include_dirs + paths.system_dirs, paths.resolve_pre_includes())
         with compile_stops_cleanly():
-            workdir = private_workdir(scratch)
-            try:
-                return self._compile_in(workdir, source, options, target, name, inputs, timeout, paths)
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
+            parents = (scratch, None) if scratch else (None,)
+            for attempt, parent in enumerate(parents):
+                workdir = private_workdir(parent)
+                try:
+                    return self._compile_in(workdir, source, options, target, name, inputs, timeout, paths)
+                except (CompileError, OSError) as exc:
+                    # A full cache must not stop the compile (only its filing): once more in the system's
+                    # temporary directory, as private.
+                    if attempt + 1 == len(parents) or not _out_of_space(exc):
+                        raise
+                    logger.debug("ptxbackend: the cache's file system is full (%s); nvcc runs in %s",
+                                 " ".join(str(exc).split())[:200], tempfile.gettempdir())
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
 
     def _compile_in(self, workdir, source, options, target, name, inputs, timeout, paths):
         source_path = os.path.normpath(os.path.join(workdir, name))
