@@ -8,6 +8,7 @@ cache directory, a key on the fleet server)::
     <producer>/<target>/jit/sm_<cc>-<driver>/<kk>/<key>.cubin   the driver's JIT of a PTX entry
     <producer>/identity.json                                    what that producer can emit
     depsets/<kk>/<sha256>.json                                  what a compile read and searched (depsets.py)
+    work/nvcc-XXXX/                                             a compile's private directory (nvcc.py), gone after it
 """
 
 from .keys import SCHEMA_VERSION
@@ -15,7 +16,7 @@ from .keys import SCHEMA_VERSION
 LAYOUT = "v%d" % SCHEMA_VERSION
 KINDS = ("ptx", "cubin", "fatbin")
 #: Top-level names that are not producers (the directory store keeps locks and memos there).
-RESERVED = ("locks", "meta", "depsets")
+RESERVED = ("locks", "meta", "depsets", "work")
 
 
 def entry_name(producer, target, key, kind):

@@ -450,10 +450,16 @@ def main(argv=None):
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from . import signals
     try:
-        status = args.func(args)
-        sys.stdout.flush()  # inside the try: a closed pipe is found here, not at interpreter exit
+        with signals.stopping_like_ctrl_c():
+            status = args.func(args)
+            sys.stdout.flush()  # inside the try: a closed pipe is found here, not at interpreter exit
         return status
+    except signals.Terminated as exc:
+        # SIGTERM/SIGHUP: unwound like Ctrl-C (the compiler's group ended, temporary files removed).
+        print("\nptxbackend: %s" % exc, file=sys.stderr)
+        return signals.exit_status(exc)
     except BrokenPipeError:
         # `ptxbackend cache info | head -1`: the reader has what it wanted; say nothing more.
         try:

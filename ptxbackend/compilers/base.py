@@ -313,7 +313,7 @@ class Compiler(object):
         change, such as nvcc's private working directory)."""
         return None
 
-    def compile(self, source, options, target, name="kernel.cu", inputs=None, timeout=None):
+    def compile(self, source, options, target, name="kernel.cu", inputs=None, timeout=None, scratch=None):
         """Compile CUDA C++ ``source`` for ``target`` and return the image bytes.
 
         Args:
@@ -325,6 +325,8 @@ class Compiler(object):
                 besides the source, for the cache's dependency check.
             timeout: seconds the compile may take (``PTXBACKEND_COMPILE_TIMEOUT``; where it can be
                 enforced).
+            scratch: a private directory of the cache's where a compiler that runs as a program
+                makes its own working directory (``None``: the system's temporary directory).
 
         Raises:
             CompileError: the compiler failed; the error carries its log.

@@ -1,12 +1,16 @@
 """nvcc, run as a subprocess: what Chainer 1.x's CuPy compiles with."""
 
+import errno
+import logging
 import os
 import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
+import time
 
 from ..config import KNOBS, NVCC_ENVIRONMENT
 from ..errors import CompileError, CompilerNotFoundError
@@ -14,9 +18,13 @@ from .base import (Compiler, CompilerIdentity, archs_from_table, content_digest,
                    remembered_identity, unknown_arch_hint)
 from ..dependencies.depfiles import parse_depfile, parse_make_rule
 from .options import read_path_options
+from .grammar import shell_quiet, source_argument
+from .stopping import compile_stops_cleanly
+from ..files import private
 from ..dependencies.reads import UNKNOWN_READS, environment_include_dirs, scan_includes
 
 NVCC_ENV = "PTXBACKEND_NVCC"
+logger = logging.getLogger("ptxbackend")
 
 _VERSION_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+\.\d+)")
 _ARCH_LINE_RE = re.compile(r"^(compute|sm)_(\d+)$")
@@ -58,11 +66,12 @@ def find_nvcc(explicit=None):
         "(PTXBACKEND_COMPILER=nvrtc)." % ", ".join(looked))
 
 
-def _run(cmd, cwd=None, timeout=None):
-    # Its own process group: a time-out or Ctrl-C kills nvcc's children too (cicc, ptxas, the host
-    # compiler), which would otherwise hold the output pipe open and keep running.
+def _run(cmd, cwd=None, timeout=None, env=None):
+    # Its own process group: a time-out, Ctrl-C, SIGTERM or SIGHUP (compilers/stopping.py) kills
+    # nvcc's children too (cicc, ptxas, the host compiler), which would otherwise hold the output pipe
+    # open and keep running.
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=hasattr(os, "killpg"))
+                            start_new_session=hasattr(os, "killpg"), env=env)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except BaseException:
@@ -249,18 +258,78 @@ def _arch_flags(target):
 
 
 def _name_in_workdir(name):
-    """The file name nvcc compiles, as the caller spelt it when that stays inside the private
-    directory (``k.cu``, ``src/k.cu``): nvcc puts it in the output (``assert`` messages).  It ends
-    in ``.cu``: nvcc picks the language by the ending, and answers "Don't know what to do" for
-    ``k.txt`` or ``kernel``."""
-    name = str(name).replace("\\", "/")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if not parts or os.path.isabs(name) or ".." in parts:
-        base = os.path.basename(name)
-        found = base if base not in ("", ".", "..") else "kernel.cu"
-    else:
-        found = os.path.join(*parts)
-    return found if found.endswith(".cu") else found + ".cu"
+    """The file name nvcc compiles (grammar.source_argument): the caller's spelling where it is
+    plain, never an option, never a shell character."""
+    return source_argument(name)
+
+
+#: The private directory's own temporary directory (nvcc's TMPDIR), and where the source goes.
+_TMP = "tmp"
+
+
+def private_workdir(scratch):
+    """A new 0700 directory for one compile: under ``scratch`` (the cache's work directory) when
+    that can be made, else under the system's temporary directory.  nvcc writes its absolute path on
+    the lines it hands a shell, so only a path of plain characters is used (grammar.shell_quiet)."""
+    tried = []
+    for parent in (scratch, tempfile.gettempdir(), "/tmp"):
+        if not parent or parent in tried:
+            continue
+        tried.append(parent)
+        try:
+            if parent == scratch:
+                private.make_private_dirs(parent)
+                _sweep(parent)
+            path = tempfile.mkdtemp(prefix="nvcc-", dir=parent)
+        except OSError:
+            continue
+        if shell_quiet(path) and shell_quiet(os.path.realpath(path)):
+            os.mkdir(os.path.join(path, _TMP), 0o700)
+            return path
+        shutil.rmtree(path, ignore_errors=True)
+    raise CompileError("no private directory for nvcc could be made whose path is plain characters "
+                       "(tried %s): nvcc hands that path to a shell. Set PTXBACKEND_CACHE_DIR or TMPDIR "
+                       "to a directory whose path holds only letters, digits and ._+,=@%%~:-/"
+                       % ", ".join(tried))
+
+
+# A private directory this old was left by a compile killed with SIGKILL (or a power loss): no
+# compile runs a day.
+_STALE_SECONDS = 24 * 3600
+
+
+def _sweep(scratch):
+    """Remove what killed compiles left in the cache's work directory (a listing per miss)."""
+    now = time.time()
+    try:
+        names = os.listdir(scratch)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(scratch, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if name.startswith("nvcc-") and stat.S_ISDIR(st.st_mode) and now - st.st_mtime > _STALE_SECONDS:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _out_of_space(exc):
+    """Whether a compile failed because the private directory's file system is full (or over quota)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    return any(sign in (exc.log or "") for sign in (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT)))
+
+
+def _private_environment(workdir):
+    """nvcc's environment: ours, with its temporary files inside its private directory (not in a
+    shared /tmp under names predictable from its pid)."""
+    env = dict(os.environ)
+    tmp = os.path.join(workdir, _TMP)
+    for name in ("TMPDIR", "TMP", "TEMP"):
+        env[name] = tmp
+    return env
 
 
 class NvccCompiler(Compiler):
@@ -340,61 +409,76 @@ class NvccCompiler(Compiler):
         return ([self.identity.path, _OUTPUT_FLAG[target.output_kind]] + _arch_flags(target)
                 + list(options) + ["-o", output_name, source_name])
 
-    def compile(self, source, options, target, name="kernel.cu", inputs=None, timeout=None):
+    def compile(self, source, options, target, name="kernel.cu", inputs=None, timeout=None, scratch=None):
         """See :meth:`Compiler.compile`; ``timeout``: seconds before nvcc's process group is killed
-        (``PTXBACKEND_COMPILE_TIMEOUT`` as the engine resolved it; ``None``: that knob's default; 0: none)."""
+        (``PTXBACKEND_COMPILE_TIMEOUT`` as the engine resolved it; ``None``: that knob's default; 0: none).
+        ``scratch``: the cache's work directory, where nvcc's private directory is made (its working
+        directory and TMPDIR); ``None``: the system's temporary directory."""
         if timeout is None:
             timeout = KNOBS["compile_timeout"][1]
         name = _name_in_workdir(name)
-        if "\0" in name or any("\0" in str(option) for option in options):
+        if any("\0" in str(option) for option in options):
             # execve() cannot pass it: Popen would raise a bare ValueError
-            raise CompileError("the kernel name or an option contains a NUL character, which cannot "
-                               "be passed to nvcc; remove it",
-                               command=[str(o).replace("\0", "\\0") for o in options])
+            raise CompileError("an option contains a NUL character, which cannot be passed to nvcc; "
+                               "remove it", command=[str(o).replace("\0", "\\0") for o in options])
         paths = read_path_options(options)
         # Never hand nvcc an include that is a FIFO or device: it would wait on it forever.
         scan_includes(source, paths.include_dirs + paths.system_dirs, paths.resolve_pre_includes())
-        workdir = tempfile.mkdtemp(prefix="ptxbackend-nvcc-")
-        try:
-            source_path = os.path.join(workdir, name)
-            if os.path.dirname(name):
-                os.makedirs(os.path.dirname(source_path))
-            output_path = os.path.join(workdir, "out." + target.output_kind)
-            depfile = os.path.join(workdir, "out.d")
-            with open(source_path, "wb") as handle:
-                handle.write(source.encode("utf-8") if not isinstance(source, bytes) else source)
-            cmd = self.command(target, options, name, output_path)
-            by_host = inputs is not None and self._host_can_list(target, paths, depfile)
-            if inputs is not None:
-                cmd[-3:-3] = _dependency_flags(depfile, by_host)
-            code, log = self._run(cmd, workdir, timeout)
-            if code != 0 or not os.path.isfile(output_path):
-                raise CompileError(
-                    ("nvcc %s failed with exit status %s while building %s for %s" if code != 0 else
-                     "nvcc %s exited with status %s but wrote no output while building %s for %s")
-                    % (self.identity.version, code, name, target),
-                    command=cmd, returncode=code, log=log,
-                    hint=unknown_arch_hint(log, self.identity))
-            with open(output_path, "rb") as handle:
-                image = handle.read()
-            if by_host and not os.path.isfile(depfile):
-                # A host compiler that did not take -MD: nvcc's own list, at the cost of its extra pass.
-                # The image is read already: this run is for the list alone.
-                by_host = False
-                output_path += ".again"
-                cmd = self.command(target, options, name, output_path)
-                cmd[-3:-3] = _dependency_flags(depfile, False)
-                self._run(cmd, workdir, timeout)
-            if inputs is not None:
-                inputs.extend(_read_depfile(depfile, workdir, output_path, by_host))
-            return image
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        with compile_stops_cleanly():
+            parents = (scratch, None) if scratch else (None,)
+            for attempt, parent in enumerate(parents):
+                workdir = private_workdir(parent)
+                try:
+                    return self._compile_in(workdir, source, options, target, name, inputs, timeout, paths)
+                except (CompileError, OSError) as exc:
+                    # A full cache must not stop the compile (only its filing): once more in the system's
+                    # temporary directory, as private.
+                    if attempt + 1 == len(parents) or not _out_of_space(exc):
+                        raise
+                    logger.debug("ptxbackend: the cache's file system is full (%s); nvcc runs in %s",
+                                 " ".join(str(exc).split())[:200], tempfile.gettempdir())
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
 
-    def _run(self, cmd, workdir, timeout):
+    def _compile_in(self, workdir, source, options, target, name, inputs, timeout, paths):
+        source_path = os.path.normpath(os.path.join(workdir, name))
+        if os.path.dirname(source_path) != workdir:
+            private.make_private_dirs(os.path.dirname(source_path))
+        output_path = os.path.join(workdir, "out." + target.output_kind)
+        depfile = os.path.join(workdir, "out.d")
+        with open(source_path, "wb") as handle:
+            handle.write(source.encode("utf-8") if not isinstance(source, bytes) else source)
+        env = _private_environment(workdir)
+        cmd = self.command(target, options, name, output_path)
+        by_host = inputs is not None and self._host_can_list(target, paths, depfile)
+        if inputs is not None:
+            cmd[-3:-3] = _dependency_flags(depfile, by_host)
+        code, log = self._run(cmd, workdir, timeout, env)
+        if code != 0 or not os.path.isfile(output_path):
+            raise CompileError(
+                ("nvcc %s failed with exit status %s while building %s for %s" if code != 0 else
+                 "nvcc %s exited with status %s but wrote no output while building %s for %s")
+                % (self.identity.version, code, name, target),
+                command=cmd, returncode=code, log=log,
+                hint=unknown_arch_hint(log, self.identity))
+        with open(output_path, "rb") as handle:
+            image = handle.read()
+        if by_host and not os.path.isfile(depfile):
+            # A host compiler that did not take -MD: nvcc's own list, at the cost of its extra pass.
+            # The image is read already: this run is for the list alone.
+            by_host = False
+            output_path += ".again"
+            cmd = self.command(target, options, name, output_path)
+            cmd[-3:-3] = _dependency_flags(depfile, False)
+            self._run(cmd, workdir, timeout, env)
+        if inputs is not None:
+            inputs.extend(_read_depfile(depfile, workdir, output_path, by_host))
+        return image
+
+    def _run(self, cmd, workdir, timeout, env=None):
         timeout = timeout or None  # 0: no limit
         try:
-            return _run(cmd, cwd=workdir, timeout=timeout)
+            return _run(cmd, cwd=workdir, timeout=timeout, env=env)
         except OSError as exc:
             raise CompilerNotFoundError("cannot run %s: %s" % (self.identity.path, exc))
         except subprocess.TimeoutExpired:

@@ -326,7 +326,8 @@ class NvrtcCompiler(Compiler):
     def _where(self):
         return "NVRTC %s at %s" % (self.identity.version, self.identity.path)
 
-    def compile(self, source, options, target, name="kernel.cu", inputs=None, precompiled=None, timeout=None):
+    def compile(self, source, options, target, name="kernel.cu", inputs=None, precompiled=None, timeout=None,
+                scratch=None):
         """Compile ``source`` for ``target`` (a single-part Target) and return PTX or cubin bytes.
 
         The options are passed after ``--gpu-architecture=<target>`` exactly as

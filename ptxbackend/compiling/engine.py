@@ -140,7 +140,8 @@ def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, e
     started = time.time()  # before the precompiled headers' check: a change after it is too new
     generation = precompiled.current() if precompiled.applies(comp, request.options, settings.nvrtc_pch) else None
     if generation is None:
-        image = comp.compile(source, request.options, chosen, name, inputs, timeout=settings.compile_timeout)
+        image = comp.compile(source, request.options, chosen, name, inputs, timeout=settings.compile_timeout,
+                             scratch=_scratch(store))
     else:
         image = comp.compile(source, request.options, chosen, name, inputs, generation.number,
                              timeout=settings.compile_timeout)
@@ -169,6 +170,13 @@ def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, e
     log.debug("ptxbackend: compiled %s for %s with %s (key context %s)", key[:12], chosen, producer,
               request.context)
     return artifact
+
+
+def _scratch(store):
+    """The cache's work directory: where a compiler's private directory goes (its working directory
+    and temporary files), beside the entries and as private as they are."""
+    meta = getattr(store, "meta_dir", None)
+    return os.path.join(os.path.dirname(meta), "work") if meta else None
 
 
 def _valid(found, entry, store, complete=True, missing_ok=False):

@@ -20,6 +20,7 @@ import sys
 import time
 
 from ..gpu.libraries import find_cuda_library
+from .children import python_module
 
 JIT_CACHE_MAX = str(4 << 30)
 _PREFIX = {"curand": "libcurand.so", "cublas": "libcublas.so", "cudnn": "libcudnn.so"}
@@ -129,7 +130,7 @@ def tree_size(path):
 
 
 def _run_child(kind, path, env):
-    proc = subprocess.run([sys.executable, "-m", "ptxbackend.deploy.library_warmup", kind or "", path], env=env,
+    proc = subprocess.run(python_module("ptxbackend.deploy.library_warmup", kind or "", path), env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     if proc.returncode != 0:
         # The child's last line is its one-line reason (see __main__ below), never a traceback.

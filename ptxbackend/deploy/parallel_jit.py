@@ -23,6 +23,7 @@ import sys
 import time
 
 from ..gpu.fatbin import MAGIC
+from .children import python_module
 
 _MAX_ERRORS = 5  # refusals quoted per worker; the rest are only counted
 _SLOW_S = 10.0  # an image whose load takes this long is named on stderr as it finishes
@@ -50,7 +51,7 @@ def shares(images, jobs, cc):
 
 def _start_worker(path, share, env):
     # stderr is ours: a slow image's line reaches the log as it happens, even if a deadline ends the run.
-    proc = subprocess.Popen([sys.executable, "-m", "ptxbackend.deploy.parallel_jit"], env=env, stdin=subprocess.PIPE,
+    proc = subprocess.Popen(python_module("ptxbackend.deploy.parallel_jit"), env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, universal_newlines=True)
     # The worker reads all of stdin before any CUDA call, so this write does not wait for its JIT.
     try:
@@ -92,8 +93,18 @@ def warm(path, images, env, jobs, cc, say=None):
         say("JIT-compiling %d of the %d fatbin images of %s (%.1f MiB of PTX) in %d processes"
             % (len(groups["jit"]), len(images), path, sum(i.jit_bytes(cc) for i in groups["jit"]) / 1048576.0,
                len(split)))
-    procs = [_start_worker(path, share, env) for share in split]
-    workers = [_finish_worker(proc, n) for n, proc in enumerate(procs)]
+    procs = []
+    try:
+        for share in split:
+            procs.append(_start_worker(path, share, env))
+        workers = [_finish_worker(proc, n) for n, proc in enumerate(procs)]
+    except BaseException:
+        # Ctrl-C, SIGTERM or SIGHUP (cli/signals.py): no worker outlives the command.
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        raise
     wall = time.perf_counter() - started
     seconds = [w["seconds"] for w in workers if w.get("seconds") is not None]
     return {"images": len(images), "skipped_sass": len(groups["sass"]), "skipped_no_code": len(groups["none"]),

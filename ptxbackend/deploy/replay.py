@@ -12,28 +12,14 @@ import logging
 import os
 import sys
 
+from ..compilers.grammar import option_problem
 from ..errors import PtxBackendError
 
 log = logging.getLogger("ptxbackend")
 
 
-# Options that name a program or library to run, a file to write, or more options: a manifest is
-# data, and replaying one must never run what it names (issue 25).  Both "-flag value" and
-# "-flag=value" spellings are refused, and the same prefixes glued ("-Xcompiler-fplugin=...").
-_PROGRAM_OPTIONS = ("-ccbin", "--compiler-bindir", "-optf", "--options-file", "-Xcompiler",
-                    "--compiler-options", "-Xlinker", "--linker-options", "-Xnvlink", "--nvlink-options",
-                    "-Xarchive", "--archive-options", "-run", "--run", "--run-args", "-keep-dir",
-                    "--keep-dir", "-odir", "--output-directory", "-o", "--output-file", "-MF",
-                    "--dependency-output", "-use-local-env", "--use-local-env")
 _FIELDS = (("source", True), ("target", True), ("key", False), ("name", False))
 MANIFEST_LIMIT = 1 << 30
-
-
-def _program_option(option):
-    for flag in _PROGRAM_OPTIONS:
-        if option == flag or option.startswith(flag + "=") or (len(flag) > 3 and option.startswith(flag)):
-            return flag
-    return None
 
 
 def _check_record(item):
@@ -49,12 +35,12 @@ def _check_record(item):
     options = item.get("options")
     if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
         return "its 'options' are not a list of strings"
-    for option in options:
-        flag = _program_option(option)
-        if flag:
-            return ("its options hold %s, which names a program, options file or output: a manifest is "
-                    "data and never chooses what runs; compile such kernels with ptxbackend.compile() "
-                    "in the program itself" % flag)
+    # A manifest is data: its options never choose what runs (no -ccbin, options file or -Xcompiler)
+    # and never reach nvcc's shell (no $, backquote ...): only the grammar of what CuPy and the docs
+    # produce is replayed.
+    why = option_problem(options)
+    if why:
+        return "%s; compile such kernels with ptxbackend.compile() in the program itself" % why
     return None
 
 
