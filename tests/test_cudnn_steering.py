@@ -245,3 +245,51 @@ def test_doctor_lines_say_what_is_steered_and_why(standin):
     assert "forward float32: algorithm 1 (IMPLICIT_PRECOMP_GEMM) wrong (output not written (NaN stays)) -> " \
            "algorithm 0 (IMPLICIT_GEMM)" in text
     assert "NVIDIA H200 (sm_90)" in lines[0]
+
+
+def test_doctor_reports_the_steering_from_the_verdict_file(standin, tmp_path):
+    from ptxbackend.gpu import cudnn_algos
+    base, lib = standin
+    env = dict(os.environ, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"), LD_LIBRARY_PATH=os.path.dirname(lib))
+    meta = subprocess.check_output(
+        [sys.executable, "-c", "from ptxbackend.config import load_settings; from ptxbackend.cache.stores "
+         "import open_store; print(open_store(load_settings()).meta_dir)"], env=env, universal_newlines=True).strip()
+    cudnn_algos.save(meta, _entry(lib, H200_LIKE))
+    out = subprocess.run([sys.executable, "-m", "ptxbackend", "doctor"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, universal_newlines=True, timeout=120).stdout
+    assert "forward float32: algorithm 1 (IMPLICIT_PRECOMP_GEMM) wrong" in out, out
+    assert "STALE" not in out
+    os.utime(lib, ns=(0, 0))  # the library file changed since the self-test
+    out = subprocess.run([sys.executable, "-m", "ptxbackend", "doctor"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, universal_newlines=True, timeout=120).stdout
+    assert "STALE" in out, out
+
+
+def test_selftest_reference_and_comparison():
+    """The self-test's plain-Python reference against numpy's, and what its comparison calls wrong."""
+    numpy = pytest.importorskip("numpy")
+    from ptxbackend.deploy import cudnn_selftest as st
+    for case in st.CASES:
+        _name, n, c, h, w, k, r, s, pad, stride = case
+        ref = st.reference(case)
+        oh, ow = ref["out_hw"]
+        x = numpy.array(ref["x"]).reshape(n, c, h, w)
+        wt = numpy.array(ref["w"]).reshape(k, c, r, s)
+        dy = numpy.array(ref["dy"]).reshape(n, k, oh, ow)
+        xp = numpy.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        cols = numpy.stack([xp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+                            for i in range(r) for j in range(s)], axis=2)  # n, c, r*s, oh, ow
+        y = numpy.einsum("ncpij,kcp->nkij", cols, wt.reshape(k, c, r * s))
+        dw = numpy.einsum("ncpij,nkij->kcp", cols, dy).reshape(k, c, r, s)
+        dcols = numpy.einsum("kcp,nkij->ncpij", wt.reshape(k, c, r * s), dy)
+        dxp = numpy.zeros_like(xp)
+        for p, (i, j) in enumerate((i, j) for i in range(r) for j in range(s)):
+            dxp[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride] += dcols[:, :, p]
+        dx = dxp[:, :, pad:pad + h, pad:pad + w]
+        assert numpy.allclose(numpy.array(ref["y"]).reshape(y.shape), y)
+        assert numpy.allclose(numpy.array(ref["dw"]).reshape(dw.shape), dw)
+        assert numpy.allclose(numpy.array(ref["dx"]).reshape(dx.shape), dx)
+    assert st.compare([1.0, 2.0], [1.0, 2.0], 1e-6) is None
+    assert st.compare([float("nan")] * 2, [1.0, 2.0], 1e-6) == "output not written (NaN stays)"
+    assert "max error" in st.compare([1.0, 2.1], [1.0, 2.0], 1e-3)
+    assert st.compare([1.0, 2.0 + 1e-5], [1.0, 2.0], 1e-3) is None
