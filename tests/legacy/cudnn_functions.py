@@ -172,6 +172,8 @@ def main():
         try:
             call, inputs = build(rng)
             link = getattr(call, "link", None)
+            if link is not None:
+                link.cleargrads()  # Chainer 1.x fills a new parameter's gradient with NaN
             if args.mode == "gpu":
                 if link is not None:
                     link.to_gpu()
