@@ -297,7 +297,7 @@ def _driver_reason():
 
 # Read from the environment only (docs/configuration.md, the rows with no config-file key).
 ENV_ONLY = ("PTXBACKEND_CONFIG", "PTXBACKEND_DISABLE", "PTXBACKEND_RECORD", "PTXBACKEND_JIT_CACHE_MAXSIZE",
-            "PTXBACKEND_LIBCUDA")
+            "PTXBACKEND_LIBCUDA", "PTXBACKEND_CUDNN_STEERING")
 
 
 def _environment_report(problems):
