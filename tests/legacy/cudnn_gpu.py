@@ -31,6 +31,7 @@ JOBS = os.environ.get("CUDNN_JOBS", str(os.cpu_count() or 8))
 REPS = int(os.environ.get("CUDNN_TIME_REPS", "20"))
 TOL = {"float16": 5e-2, "float32": 2e-3, "float64": 1e-6}
 RESULTS = os.path.join(HOME, "results.json")
+LIB = os.path.join(HOME, "lib", "libcudnn.so.7")
 
 results = json.load(open(RESULTS)) if os.path.exists(RESULTS) else {}
 lines = []
@@ -83,7 +84,8 @@ def run(label, argv, env, timeout=420):
 
 def step_warm():
     env = base_env()
-    code, text, seconds = run("warm", [PY, "-m", "ptxbackend", "warm", "--libs", "cudnn", "--jobs", JOBS], env,
+    # The file named: the machine's torch wheels bring a cuDNN 9 that the search by name would find first
+    code, text, seconds = run("warm", [PY, "-m", "ptxbackend", "warm", "--libs", LIB, "--jobs", JOBS], env,
                               timeout=480)
     results["warm"] = {"exit": code, "seconds": seconds, "output": text[-6000:]}
     check("warm --libs cudnn", code == 0, "%.1f s" % seconds)
@@ -228,7 +230,7 @@ def step_story():
     code, text, seconds = run("pack-jit", [PY, "-c", (
         "import sys; from ptxbackend.deploy import jit_bundle as j; "
         "m = j.pack(sys.argv[1], [sys.argv[2]], sys.argv[3], j.this_machine()); print(len(m['files']))"),
-        a_env["CUDA_CACHE_PATH"], os.path.join(HOME, "lib", "libcudnn.so.7"), jit], a_env, timeout=180)
+        a_env["CUDA_CACHE_PATH"], LIB, jit], a_env, timeout=180)
     results["bundles"] = {name: os.path.getsize(p) for name, p in (("kernels", kernels), ("driver_jit", jit))
                           if os.path.exists(p)}
     b_env = base_env(nvcc, PTXBACKEND_CACHE_DIR=os.path.join(HOME, "b-cache"), HOME=os.path.join(HOME, "home-b"),
@@ -240,7 +242,7 @@ def step_story():
         run("b-import-" + name, [PY, "-m", "ptxbackend", "cache", "import", path], b_env, timeout=180)
     # B's own deployment step: with the JIT bundle imported the library's JIT is found, not redone, and
     # the algorithm self-test files B's verdicts (they belong to B's GPU and library file)
-    code, _text, seconds = run("b-warm", [PY, "-m", "ptxbackend", "warm", "--libs", "cudnn", "--jobs", JOBS],
+    code, _text, seconds = run("b-warm", [PY, "-m", "ptxbackend", "warm", "--libs", LIB, "--jobs", JOBS],
                                b_env, timeout=300)
     results["b_warm_s"] = seconds
     check("new machine: warm --libs cudnn after the imports", code == 0, "%.1f s" % seconds)

@@ -63,7 +63,8 @@ fi
 # 2. Chainer 1.24 (+ its CuPy v1 with cupy.cuda.cudnn), numpy 1.26.4, six: apart, first on PYTHONPATH
 if [ ! -d "$home/site/chainer" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$home/site" \
-    "$home"/wheels/chainer-1.24.0-*.whl "$home"/wheels/numpy-1.26.4-*.whl "$home"/wheels/six-*.whl || exit 2
+    "$home"/wheels/chainer-1.24.0-*.whl "$home"/wheels/numpy-1.26.4-*.whl "$home"/wheels/six-*.whl \
+    "$home"/wheels/platformdirs-*.whl "$home"/wheels/filelock-*.whl || exit 2
 fi
 # cuBLAS/cuRAND of CUDA 13 for the bundled CuPy (as run_gpu.sh)
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -80,9 +81,8 @@ fi
 
 # 3. ptxbackend as a user installs it (a wheel; its .pth hook), removed again at the end of the call
 rm -rf "$home/wheel" && "$PY" -m pip wheel -q --no-deps --no-index --no-build-isolation -w "$home/wheel" . || exit 2
-extra=$(ls "$home"/wheels/platformdirs-*.whl "$home"/wheels/filelock-*.whl 2>/dev/null)
+# (its dependencies, filelock and platformdirs, are in $home/site, on every run's PYTHONPATH)
 "$PY" -m pip install -q --no-index --no-deps --force-reinstall "$home"/wheel/ptxbackend-*.whl || exit 2
-"$PY" -c "import platformdirs, filelock" 2>/dev/null || "$PY" -m pip install -q --no-index --no-deps $extra || exit 2
 trap '"$PY" -m pip uninstall -q -y ptxbackend' EXIT
 say "setup done; steps: $CUDNN_STEPS"
 export PYTHON=$PY
