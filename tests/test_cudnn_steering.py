@@ -293,3 +293,20 @@ def test_selftest_reference_and_comparison():
     assert st.compare([float("nan")] * 2, [1.0, 2.0], 1e-6) == "output not written (NaN stays)"
     assert "max error" in st.compare([1.0, 2.1], [1.0, 2.0], 1e-3)
     assert st.compare([1.0, 2.0 + 1e-5], [1.0, 2.0], 1e-3) is None
+
+
+def test_selftest_results_of_several_processes_merge_and_a_dead_one_is_never_steered_to():
+    from ptxbackend.deploy import cudnn_selftest as st
+    from ptxbackend.gpu import cudnn_algos
+    base = {"library": "l", "cudnn_version": 7102, "device": {"name": "NVIDIA H200", "cc": [9, 0]}, "driver": "d",
+            "cases": ["c"], "seconds": 1.0, "heuristic": [{"direction": "forward", "dtype": "float32", "algo": 1}],
+            "verdicts": {"forward": {"float32": {"0": {"verdict": "good"}, "1": {"verdict": "wrong"}}}}}
+    dead = {"verdicts": {"backward_data": st.died("backward_data", 3, "killed by signal 11")}, "heuristic": [],
+            "seconds": 0.0}
+    good = {"verdicts": {"backward_data": {"float32": {"0": {"verdict": "good"}}}}, "heuristic": [], "seconds": 2.0}
+    merged = st.merge([base, dead, good])
+    assert merged["seconds"] == 3.0 and merged["device"]["cc"] == [9, 0]
+    assert merged["verdicts"]["backward_data"]["float64"]["3"]["verdict"] == "failed"
+    assert "signal 11" in merged["verdicts"]["backward_data"]["float16"]["3"]["detail"]
+    good_sets = cudnn_algos.good_algorithms({"verdicts": merged["verdicts"]})
+    assert good_sets["backward_data"]["float32"] == {0} and good_sets["forward"]["float32"] == {0}

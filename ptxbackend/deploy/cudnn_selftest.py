@@ -131,7 +131,8 @@ _CALLS = {
 }
 
 
-def run(path):
+def run(path, directions=None, algos=None):
+    """Self-test ``directions`` (default all) and, when given, only the algorithms in ``algos``."""
     from ..gpu import driver
     from ..gpu.launch import DeviceBuffer
     started = time.perf_counter()
@@ -139,7 +140,8 @@ def run(path):
     cu = _Cudnn(path)
     handle = ctypes.c_void_p()
     cu.check("cudnnCreate", ctypes.byref(handle))
-    results = {d: {t: {} for t in DTYPES} for d in _CALLS}
+    directions = [d for d in _CALLS if directions is None or d in directions]
+    results = {d: {t: {} for t in DTYPES} for d in directions}
     heuristic = []
     refs = [(case, reference(case)) for case in CASES]
     for dtype, (code, fmt, compute, tolerance) in sorted(DTYPES.items()):
@@ -153,13 +155,16 @@ def run(path):
                 buffers[name] = DeviceBuffer(len(ref[name]) * size)
             for name in ("x", "w", "dy"):
                 buffers[name].copy_from_host(struct.pack("%d%s" % (len(ref[name]), fmt), *ref[name]))
-            for direction, (ws_call, run_call, pick_call, order, inputs, output) in sorted(_CALLS.items()):
+            for direction in directions:
+                ws_call, run_call, pick_call, order, inputs, output = _CALLS[direction]
                 picked = ctypes.c_int(-1)
                 status = cu(pick_call, handle, *[descs[d] for d in order], 2, ctypes.c_size_t(CHAINER_WORKSPACE),
                             ctypes.byref(picked))
                 heuristic.append({"case": case[0], "dtype": dtype, "direction": direction,
                                   "algo": picked.value if status == 0 else None, "status": status})
                 for algo in range(ALGO_COUNT[direction]):
+                    if algos is not None and algo not in algos:
+                        continue
                     record = results[direction][dtype].setdefault(str(algo), {"ok": [], "unsupported": [],
                                                                               "wrong": [], "failed": []})
                     need = ctypes.c_size_t(0)
@@ -255,9 +260,30 @@ def summary(result):
     return lines
 
 
+def merge(parts):
+    """One result from the results of several children (each a part of the directions or algorithms)."""
+    merged = dict(parts[0], verdicts={}, heuristic=[], seconds=0.0)
+    for part in parts:
+        for direction, by_dtype in part["verdicts"].items():
+            for dtype, by_algo in by_dtype.items():
+                merged["verdicts"].setdefault(direction, {}).setdefault(dtype, {}).update(by_algo)
+        merged["heuristic"].extend(part["heuristic"])
+        merged["seconds"] += part["seconds"]
+    return merged
+
+
+def died(direction, algo, why):
+    """The verdicts for an algorithm whose self-test process did not come back: failed, in every type."""
+    detail = "the self-test process failed: %s" % why
+    return {t: {str(algo): {"verdict": "failed", "detail": detail, "ok": 0, "unsupported": 0, "wrong": [],
+                            "failed": [detail]}} for t in DTYPES}
+
+
 if __name__ == "__main__":
     try:
-        print(json.dumps(run(sys.argv[1])))
+        chosen = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] else None
+        only = set(int(a) for a in sys.argv[3].split(",")) if len(sys.argv) > 3 and sys.argv[3] else None
+        print(json.dumps(run(sys.argv[1], chosen, only)))
     except Exception as exc:
         sys.stderr.write("%s\n" % (" ".join(str(exc).split()) or type(exc).__name__))
         sys.exit(1)

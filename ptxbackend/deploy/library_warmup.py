@@ -148,12 +148,36 @@ def cudnn_selftest(path, env):
     library = cudnn_algos.library_identity(path)  # before the run: a file replaced meanwhile is not matched
     env = dict(env)
     env["PTXBACKEND_CUDNN_STEERING"] = "0"  # the child tests cuDNN itself
-    proc = subprocess.run([sys.executable, "-m", "ptxbackend.deploy.cudnn_selftest", path], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or ["exit status %d" % proc.returncode]
-        raise RuntimeError("the cuDNN algorithm self-test on %s failed: %s" % (path, lines[-1][:500]))
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def child(direction, algos=None):
+        proc = subprocess.run([sys.executable, "-m", "ptxbackend.deploy.cudnn_selftest", path, direction,
+                               ",".join(str(a) for a in algos) if algos else ""], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines() or ["exit status %d" % proc.returncode]
+            return None, lines[-1][:300]
+        return json.loads(proc.stdout.strip().splitlines()[-1]), None
+
+    # A process per direction; where one does not come back (an algorithm that crashes the process, or
+    # breaks the CUDA context for the rest), a process per algorithm, and an algorithm whose own process
+    # fails is "failed" in every type: never steered to.
+    parts, first_error = [], None
+    for direction in cudnn_algos.DIRECTIONS:
+        result, error = child(direction)
+        if result is not None:
+            parts.append(result)
+            continue
+        first_error = first_error or error
+        for algo in range(selftest.ALGO_COUNT[direction]):
+            result, error = child(direction, [algo])
+            if result is None:
+                result = {"verdicts": {direction: selftest.died(direction, algo, error)}, "heuristic": [],
+                          "seconds": 0.0}
+            parts.append(result)
+    complete = [p for p in parts if "device" in p]
+    if not complete:
+        raise RuntimeError("the cuDNN algorithm self-test on %s failed: %s" % (path, first_error))
+    result = selftest.merge(complete[:1] + [p for p in parts if p is not complete[0]])
     result["verdict_file"] = cudnn_algos.save(open_store(load_settings()).meta_dir,
                                               selftest.entry_from(result, library))
     return result
