@@ -30,8 +30,8 @@ int cudnnSetTensor4dDescriptor(desc_t *d, int format, int dtype, int n, int c, i
     d->dtype = dtype; return 0; }
 int cudnnGetTensorNdDescriptor(const desc_t *d, int req, int *dtype, int *nb, int *dims, int *strides) {
     *dtype = d->dtype; *nb = 4; return 0; }
-/* Algorithm 3 refuses every shape, as DIRECT does in cuDNN 7. */
-static int ws(int algo, size_t *size) { *size = algo == 5 ? (64u << 20) : 0; return algo == 3 ? 9 : 0; }
+/* Algorithm 3 refuses every shape, as DIRECT does in cuDNN 7; algorithm 6 needs 64 MiB of workspace. */
+static int ws(int algo, size_t *size) { *size = algo == 6 ? (64u << 20) : 0; return algo == 3 ? 9 : 0; }
 int cudnnGetConvolutionForwardWorkspaceSize(void *h, void *x, void *w, void *c, void *y, int algo, size_t *s) {
     return ws(algo, s); }
 int cudnnGetConvolutionBackwardDataWorkspaceSize(void *h, void *w, void *dy, void *c, void *dx, int algo,
@@ -203,10 +203,14 @@ def test_without_steering_the_output_stays_unwritten(standin, tmp_path):
 
 
 def test_steering_skips_an_algorithm_the_shape_refuses_or_that_needs_more_workspace(standin, tmp_path):
-    # 0 and 2 not good: 3 refuses the shape (NOT_SUPPORTED), 5 needs 64 MiB > the 8 MiB limit: 6 it is
+    # 0 and 2 not good; of the good ones, in the order tried: 6 needs 64 MiB > Chainer's 8 MiB limit, 3 refuses
+    # the shape (NOT_SUPPORTED): 5 it is
     verdicts = {"float32": {0: "wrong", 1: "wrong", 2: "failed", 3: "good", 5: "good", 6: "good"}}
-    out = _run(standin, tmp_path, _entry(standin[1], verdicts))
-    assert out["float32"]["forward_algo"] == 6 and out["float32"]["y"] == 6.0
+    # backward data tries 3 before 5: 3 refuses the shape, so 5
+    data = {"float32": {0: "wrong", 1: "wrong", 2: "wrong", 3: "good", 5: "good"}}
+    out = _run(standin, tmp_path, _entry(standin[1], verdicts, data=data))
+    assert out["float32"]["forward_algo"] == 5 and out["float32"]["y"] == 6.0
+    assert out["float32"]["backward_data_algo"] == 5 and out["float32"]["dx"] == 6.0
 
 
 def test_verdicts_for_another_gpu_or_library_file_are_not_used(standin, tmp_path):
