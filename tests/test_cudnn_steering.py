@@ -314,3 +314,41 @@ def test_selftest_results_of_several_processes_merge_and_a_dead_one_is_never_ste
     assert "signal 11" in merged["verdicts"]["backward_data"]["float16"]["3"]["detail"]
     good_sets = cudnn_algos.good_algorithms({"verdicts": merged["verdicts"]})
     assert good_sets["backward_data"]["float32"] == {0} and good_sets["forward"]["float32"] == {0}
+
+
+def test_steering_decision_fuzzed():
+    """Generated verdict tables, heuristic picks, workspace needs and refusals: the steered algorithm is the
+    heuristic's when verified good, else the first verified one (in the preference order) that takes the shape
+    within the limit, else the heuristic's (and counted as unsteerable)."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import given, settings, strategies as st
+    from ptxbackend.gpu import cudnn_algos
+
+    class Answers(object):  # what cuDNN would answer for one call's descriptors
+        def __init__(self, dtype, needs):
+            self._dtype, self._needs = dtype, needs
+
+        def dtype(self, desc):
+            return self._dtype
+
+        def workspace(self, direction, handle, a, b, conv, c, algo):
+            return self._needs.get(algo)
+
+    algos = st.integers(0, 7)
+
+    @settings(max_examples=300, deadline=None)
+    @given(direction=st.sampled_from(cudnn_algos.DIRECTIONS), dtype=st.sampled_from(["float16", "float32", "float64"]),
+           good=st.sets(algos), picked=algos, limit=st.integers(0, 1 << 24),
+           needs=st.dictionaries(algos, st.one_of(st.none(), st.integers(0, 1 << 25))))
+    def check(direction, dtype, good, picked, limit, needs):
+        steer = cudnn_algos.Steering(Answers(dtype, needs), {direction: {dtype: set(good)}})
+        got = steer.choose(direction, picked, 1, 2, 3, 4, 5, 6, workspace_limit=limit)
+        fits = [a for a in cudnn_algos.PREFERENCE[direction]
+                if a in good and needs.get(a) is not None and needs[a] <= limit]
+        if picked in good:
+            assert got == picked
+        elif fits:
+            assert got == fits[0]
+        else:
+            assert got == picked and steer.counts == {(direction, dtype, picked, None): 1}
+    check()
