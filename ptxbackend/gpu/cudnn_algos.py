@@ -231,5 +231,11 @@ class Steering(object):
                     self.counts[key] = self.counts.get(key, 0) + 1
                     return candidate
         key = (direction, dtype, algo, None)
+        if key not in self.counts:  # once per process and kind: the result may be wrong, and nothing else says so
+            import logging
+            logging.getLogger("ptxbackend").warning(
+                "ptxbackend: cuDNN %s %s: algorithm %d (%s) was not found good on this GPU by `warm --libs cudnn`, "
+                "and no algorithm that was takes this shape within the workspace limit: its result may be wrong",
+                direction, dtype, algo, algo_name(direction, algo))
         self.counts[key] = self.counts.get(key, 0) + 1
         return algo
