@@ -19,7 +19,9 @@ import sys
 
 import _ptxbackend_env
 
-WATCHED = ("cupy.cuda.compiler", "cupy.cuda")
+# cupy.cuda.cudnn: Chainer 1.24's cuDNN module, whose convolution algorithm choice is steered
+# (ptxbackend.hook.cudnn_steering); imported after cupy.cuda, so the watcher is in place by then.
+WATCHED = ("cupy.cuda.compiler", "cupy.cuda", "cupy.cuda.cudnn")
 
 # The .pth line.  site prints a traceback for a line that raises: a missing _ptxbackend_pth
 # (a half-removed install) stays silent, anything else is one line on stderr, once (site may
@@ -45,6 +47,10 @@ active = _ptxbackend_env.active
 
 def _hand_over(module):
     try:
+        if module.__name__ == "cupy.cuda.cudnn":
+            from ptxbackend.hook import cudnn_steering
+            cudnn_steering.on_import(module)
+            return
         from ptxbackend.hook import cupy_integration
         cupy_integration.on_import(module)
     except Exception as exc:

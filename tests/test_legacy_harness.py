@@ -259,3 +259,49 @@ def test_harness_figures_feed_the_benchmarks(tmp_path):
         data = json.load(handle)
     assert set(data["benchmarks"]) == {"stock_warm_ms_per_kernel", "ptxbackend_warm_ms_per_kernel"}
     assert bench_warm.normalize_legacy(data, "legacy-bench.json")
+
+
+def test_patched_cudnn_module_accepts_cudnn_7_and_its_api(patched):
+    """cuDNN 7.1 (cupy-cuda80's, the user's generation) is accepted and mapped, not skipped silently."""
+    src, _outputs = patched
+    with open(os.path.join(src, "install", "build.py")) as handle:
+        assert "maximum_cudnn_version = 7999" in handle.read()
+    with open(os.path.join(src, "cupy", "cuda", "cupy_cudnn.h")) as handle:
+        header = handle.read()
+    for mapped in ("#define cudnnSetConvolution2dDescriptor_v5 cudnnSetConvolution2dDescriptor",
+                   "#define cudnnSetRNNDescriptor cudnnSetRNNDescriptor_v5",
+                   "cupy_cudnnSetConvolution2dDescriptor_v4"):
+        assert mapped in header
+    with open(os.path.join(src, "cupy", "cuda", "cudnn.pyx")) as handle:
+        assert "13: 'CUDNN_STATUS_RUNTIME_FP_OVERFLOW'" in handle.read()
+    with open(os.path.join(src, "chainer", "functions", "activation", "softmax.py")) as handle:
+        assert "numpy.int)" not in handle.read()
+
+
+def test_build_insists_on_the_cudnn_module():
+    """build.sh fails when setup.py skips cupy.cuda.cudnn (it exits 0 then): the module is in the list."""
+    with open(os.path.join(REPO, "tests", "legacy", "build.sh")) as handle:
+        text = handle.read()
+    assert 'expected="$expected cupy/cuda/cudnn"' in text
+    assert "NEEDED.*libcudnn" in text
+
+
+def test_staged_cudnn_build_when_present():
+    """After `bash tests/legacy/build.sh`: the staged Chainer wheel holds cupy.cuda.cudnn, linked to
+    libcudnn.so.7, and the library parts are listed with their SHA-256."""
+    staged = os.path.join(REPO, ".device", "legacy-cudnn")
+    wheels = [n for n in os.listdir(os.path.join(staged, "wheels"))] if os.path.isdir(staged) else []
+    chainer = [n for n in wheels if n.startswith("chainer-1.24.0-")]
+    if not chainer:
+        pytest.skip("no .device/legacy-cudnn/wheels/chainer-1.24.0-*.whl: run bash tests/legacy/build.sh")
+    import zipfile
+    with zipfile.ZipFile(os.path.join(staged, "wheels", chainer[0])) as z:
+        names = [n for n in z.namelist() if n.startswith("cupy/cuda/cudnn.") and n.endswith(".so")]
+        assert names, "cupy.cuda.cudnn is not in the wheel"
+        data = z.read(names[0])
+    assert b"libcudnn.so.7" in data
+    with open(os.path.join(staged, "SHA256SUMS")) as handle:
+        sums = handle.read()
+    parts = sorted(n for n in os.listdir(staged) if n.startswith("libcudnn.so.7.xz.part-"))
+    assert parts and all(p in sums for p in parts)
+    assert "f7f1afa951ea854b05897990717eb947a8cdc7b3caf4348846736f49252e776f  libcudnn.so.7" in sums

@@ -285,6 +285,8 @@ def _cmd_warm(args):
                       result["jit_cache_growth_bytes"] / 1048576.0, result["cuda_cache_maxsize"],
                       "; output sha256 %s" % result["second"]["output_sha256"][:16]
                       if result["second"].get("output_sha256") else ""))
+            if result.get("selftest"):
+                _print_selftest(result["selftest"])
             # What the JIT cost without a cache: the first process, plus the workers' share when they did it.
             jit_s = result["first"]["total_s"] + (result["parallel"] or {}).get("worker_seconds_sum", 0.0)
             second_s = result["second"]["total_s"]
@@ -311,6 +313,20 @@ def _cmd_warm(args):
         if jit_dir:
             shutil.rmtree(jit_dir, ignore_errors=True)
     return status
+
+
+def _print_selftest(selftest):
+    from ..deploy.cudnn_selftest import summary
+    from ..gpu import cudnn_algos
+    print("  cuDNN %d algorithm self-test on %s: %d shapes x float16/32/64, %.1f s; verdicts in %s" % (
+        selftest["cudnn_version"], selftest["device"]["name"], len(selftest["cases"]), selftest["seconds"],
+        selftest["verdict_file"]))
+    for line in summary(selftest):
+        print("    " + line)
+    entry = {"device": selftest["device"], "verdicts": selftest["verdicts"], "cudnn_version": selftest["cudnn_version"],
+             "tested_at": "now"}
+    for line in cudnn_algos.describe(entry)[1:]:
+        print("    steered: " + line.strip())
 
 
 def _say(line):

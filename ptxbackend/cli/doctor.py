@@ -242,7 +242,41 @@ def _libraries_report():
     from ..gpu.libraries import find_cuda_library
     from ..deploy.library_warmup import not_found_message
     path, looked = find_cuda_library("cudnn")
-    return {"cudnn": {"path": path} if path else {"missing": not_found_message("cudnn", looked)}}
+    report = {"cudnn": {"path": path} if path else {"missing": not_found_message("cudnn", looked)}}
+    report["cudnn"]["steering"] = _cudnn_steering_report(path)
+    return report
+
+
+def _cudnn_steering_report(path):
+    """The cuDNN algorithm verdicts `warm --libs cudnn` filed: for each library and GPU, what the start-up hook
+    steers Chainer's convolutions away from and why (lines), and whether the file found here still matches."""
+    from ..config import load_settings
+    from ..gpu import cudnn_algos
+    from ..hook import cudnn_steering
+    try:
+        entries = cudnn_algos.load(open_store(load_settings()).meta_dir)
+    except PtxBackendError as exc:
+        return {"lines": ["cuDNN algorithm verdicts: cannot open the cache (%s)" % exc]}
+    lines = []
+    here = None
+    if path:
+        try:
+            here = cudnn_algos.library_identity(path)
+        except OSError:
+            here = None
+    for entry in entries:
+        current = here is not None and all(entry["library"][k] == here[k] for k in ("path", "size", "mtime_ns"))
+        described = cudnn_algos.describe(entry)
+        lines.append("%s: %s%s" % (entry["library"]["path"], described[0],
+                                   "" if current or here is None or entry["library"]["path"] != here["path"]
+                                   else " (STALE: the file changed since; run `ptxbackend warm --libs cudnn`)"))
+        lines.extend(described[1:])
+    if not entries:
+        lines.append("cuDNN algorithm verdicts: none (`ptxbackend warm --libs cudnn` self-tests every convolution "
+                     "algorithm on this GPU; until then Chainer's choice is not steered)")
+    if not cudnn_steering.enabled():
+        lines.append("steering is OFF (PTXBACKEND_CUDNN_STEERING=%s)" % os.environ.get("PTXBACKEND_CUDNN_STEERING"))
+    return {"lines": lines, "entries": len(entries)}
 
 
 def _redacted(name, value):
@@ -263,7 +297,7 @@ def _driver_reason():
 
 # Read from the environment only (docs/configuration.md, the rows with no config-file key).
 ENV_ONLY = ("PTXBACKEND_CONFIG", "PTXBACKEND_DISABLE", "PTXBACKEND_RECORD", "PTXBACKEND_JIT_CACHE_MAXSIZE",
-            "PTXBACKEND_LIBCUDA")
+            "PTXBACKEND_LIBCUDA", "PTXBACKEND_CUDNN_STEERING")
 
 
 def _environment_report(problems):
@@ -369,6 +403,8 @@ def render(report):
                 lines.append("  %s -> %s (%s): %s%s" % (kind, choice["target"], choice["kind"], choice["why"], uses))
     for name, info in sorted((report.get("libraries") or {}).items()):
         lines.append("%s: %s" % (name, info.get("path") or "not found: " + info["missing"]))
+        for line in (info.get("steering") or {}).get("lines", ()):
+            lines.append("  " + line)
     hook = report.get("hook")
     if hook:
         where = ", ".join(hook["pth_files"]) or "not installed"

@@ -139,6 +139,51 @@ def _run_child(kind, path, env):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def cudnn_selftest(path, env):
+    """Every convolution algorithm checked on this GPU (:mod:`.cudnn_selftest`, in a child), the verdicts
+    filed in the cache's meta directory for the hook's steering; the result, with ``verdict_file``."""
+    from ..config import load_settings
+    from ..cache.stores import open_store
+    from ..gpu import cudnn_algos
+    from . import cudnn_selftest as selftest
+    library = cudnn_algos.library_identity(path)  # before the run: a file replaced meanwhile is not matched
+    env = dict(env)
+    env["PTXBACKEND_CUDNN_STEERING"] = "0"  # the child tests cuDNN itself
+
+    def child(direction, algos=None):
+        proc = subprocess.run([sys.executable, "-m", "ptxbackend.deploy.cudnn_selftest", path, direction,
+                               ",".join(str(a) for a in algos) if algos else ""], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines() or ["exit status %d" % proc.returncode]
+            return None, lines[-1][:300]
+        return json.loads(proc.stdout.strip().splitlines()[-1]), None
+
+    # A process per direction; where one does not come back (an algorithm that crashes the process, or
+    # breaks the CUDA context for the rest), a process per algorithm, and an algorithm whose own process
+    # fails is "failed" in every type: never steered to.
+    parts, first_error = [], None
+    for direction in cudnn_algos.DIRECTIONS:
+        result, error = child(direction)
+        if result is not None:
+            parts.append(result)
+            continue
+        first_error = first_error or error
+        for algo in range(selftest.ALGO_COUNT[direction]):
+            result, error = child(direction, [algo])
+            if result is None:
+                result = {"verdicts": {direction: selftest.died(direction, algo, error)}, "heuristic": [],
+                          "seconds": 0.0}
+            parts.append(result)
+    complete = [p for p in parts if "device" in p]
+    if not complete:
+        raise RuntimeError("the cuDNN algorithm self-test on %s failed: %s" % (path, first_error))
+    result = selftest.merge(complete[:1] + [p for p in parts if p is not complete[0]])
+    result["verdict_file"] = cudnn_algos.save(open_store(load_settings()).meta_dir,
+                                              selftest.entry_from(result, library))
+    return result
+
+
 def default_jobs():
     return os.cpu_count() or 1
 
@@ -180,7 +225,8 @@ def warm_library(name_or_path, jit_dir=None, jobs=1, say=None):
     after = tree_size(cache_dir)
     env.pop("CUDA_MODULE_LOADING")
     second = _run_child(kind, path, env)
-    return {"library": path, "kind": kind, "first": first, "second": second,
+    selftest = cudnn_selftest(path, env) if kind == "cudnn" else None
+    return {"library": path, "kind": kind, "first": first, "second": second, "selftest": selftest,
             "jit_cache_growth_bytes": max(after - before, 0), "jit_cache_dir": cache_dir,
             "cuda_cache_maxsize": env["CUDA_CACHE_MAXSIZE"], "parallel": parallel,
             "first_growth_bytes": max(after - checked_from, 0)}

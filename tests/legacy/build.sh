@@ -8,6 +8,11 @@
 # (default /tmp/cupy_v1_tests; see README.md for how to get them).  Scratch: $LEGACY_BUILD_DIR
 # (default /tmp/ptxb-legacy-build; downloads and the build venv are reused between runs).
 # LEGACY_SKIP_CHECK=1 skips the CPU validation at the end.
+#
+# cuDNN: cupy.cuda.cudnn is built against cuDNN 7.1.2 from cupy-cuda80 7.8.0's wheel (cudnn.h and
+# libcudnn.so.7 extracted here at build time, never committed; $LEGACY_CUDNN_WHEEL, else the copy
+# tests/cudnn7/build.sh downloaded, else pip downloads it).  LEGACY_CUDNN=0 builds without it (as before).
+# With cuDNN, .device/legacy-cudnn/ gets what run_cudnn_gpu.sh needs (see README.md, "cuDNN on").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -27,6 +32,7 @@ pip_() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory
 [ -f "$cuda/include/cuda.h" ] || die "no CUDA headers at $cuda/include (set LEGACY_CUDA)"
 [ -x "$cuda/bin/nvcc" ] || die "no nvcc at $cuda/bin/nvcc"
 mkdir -p "$work/dl"
+with_cudnn=${LEGACY_CUDNN:-1}
 
 # 1. The build interpreter: Python 3.12, Cython 0.29 (Cython 3 needs one more fix), numpy 1.26.4,
 #    and a setuptools that still has pkg_resources: pip runs the *unpatched* setup.py for the
@@ -76,6 +82,44 @@ fi
 gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$extra/lib/libcuda.so" "$here/cuda_stub.c"
 mkdir -p "$extra/rtstub" && ln -sf ../lib/libcuda.so "$extra/rtstub/libcuda.so.1"  # CPU checks only
 
+# 3b. cuDNN 7.1.2 (the user's generation: CUDA 8) out of cupy-cuda80's wheel: its header to build
+#     against and its library to link with (NVIDIA's files: extracted here, never committed)
+cudnn_dir=$work/cudnn
+if [ "$with_cudnn" = 1 ]; then
+  cudnn_wheel=${LEGACY_CUDNN_WHEEL:-}
+  for candidate in /tmp/ptxb-cudnn7-build/dl/cupy_cuda80-7.8.0-cp37-cp37m-manylinux1_x86_64.whl \
+                   "$work"/dl/cupy_cuda80-7.8.0-cp37-cp37m-manylinux1_x86_64.whl; do
+    [ -z "$cudnn_wheel" ] && [ -f "$candidate" ] && cudnn_wheel=$candidate
+  done
+  if [ -z "$cudnn_wheel" ]; then
+    say "download cupy-cuda80==7.8.0 (210 MB: cuDNN 7.1.2's header and library)"
+    pip_ "$vpy" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+      --platform manylinux1_x86_64 --python-version 3.7 -d "$work/dl" cupy-cuda80==7.8.0
+    cudnn_wheel=$(ls "$work"/dl/cupy_cuda80-7.8.0-*.whl | head -n 1)
+  fi
+  if [ ! -f "$cudnn_dir/lib/libcudnn.so.7" ] || [ ! -f "$cudnn_dir/include/cudnn.h" ]; then
+    say "extract cudnn.h and libcudnn.so.7 from $(basename "$cudnn_wheel")"
+    rm -rf "$cudnn_dir" && mkdir -p "$cudnn_dir/include" "$cudnn_dir/lib"
+    "$vpy" - "$cudnn_wheel" "$cudnn_dir" <<'EOF2'
+import os, shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for member, dest in (("cupy/.data/include/cudnn.h", "include/cudnn.h"), ("cupy/.data/lib/libcudnn.so.7", "lib/libcudnn.so.7")):
+        with z.open(member) as src, open(os.path.join(sys.argv[2], dest + ".tmp"), "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.rename(os.path.join(sys.argv[2], dest + ".tmp"), os.path.join(sys.argv[2], dest))
+EOF2
+    ln -sf libcudnn.so.7 "$cudnn_dir/lib/libcudnn.so"
+  fi
+  grep -q '#define CUDNN_MAJOR 7' "$cudnn_dir/include/cudnn.h" || die "$cudnn_dir/include/cudnn.h is not cuDNN 7"
+  [ "$(sha256sum < "$cudnn_dir/lib/libcudnn.so.7" | cut -d' ' -f1)" = \
+    f7f1afa951ea854b05897990717eb947a8cdc7b3caf4348846736f49252e776f ] || die "libcudnn.so.7 is not cuDNN 7.1.2 for CUDA 8"
+  cpath="$extra/include:$cudnn_dir/include"
+  library_path="$extra/lib:$cudnn_dir/lib"
+else
+  cpath="$extra/include"
+  library_path="$extra/lib"
+fi
+
 # 4. Fresh sources: the sdist, minus Cython 0.25's generated .cpp (they do not compile on
 #    Python >= 3.11; Cython regenerates them), plus our patches
 src=$work/src/chainer-1.24.0
@@ -90,8 +134,8 @@ done
 # 5. Build (CUDA_PATH: /usr/local/bin/nvcc may be a wrapper script, so do not let setup guess)
 say "build the wheel (log: $work/build.log)"
 rm -rf "$work/dist"
-if ! (cd "$src" && env CUDA_PATH="$cuda" PATH="$cuda/bin:$PATH" CPATH="$extra/include" \
-      LIBRARY_PATH="$extra/lib" CFLAGS="-g0" \
+if ! (cd "$src" && env CUDA_PATH="$cuda" PATH="$cuda/bin:$PATH" CPATH="$cpath" \
+      LIBRARY_PATH="$library_path" LD_LIBRARY_PATH="$library_path" CFLAGS="-g0" \
       "$vpy" setup.py build_ext -j "$jobs" bdist_wheel -d "$work/dist") > "$work/build.log" 2>&1; then
   tail -n 40 "$work/build.log"
   die "setup.py failed"
@@ -103,6 +147,7 @@ wheel=$(ls "$work"/dist/chainer-1.24.0-cp312-cp312-*.whl)
 expected="cupy/core/core cupy/core/flags cupy/core/internal cupy/cuda/cublas cupy/cuda/curand
 cupy/cuda/device cupy/cuda/driver cupy/cuda/function cupy/cuda/memory cupy/cuda/pinned_memory
 cupy/cuda/profiler cupy/cuda/runtime cupy/util"
+[ "$with_cudnn" = 1 ] && expected="$expected cupy/cuda/cudnn"  # skipped silently when cudnn.h is refused
 listing=$("$vpy" -m zipfile -l "$wheel")
 missing=""
 for m in $expected; do
@@ -118,7 +163,16 @@ unstubbed=$(comm -23 "$work/driver-symbols.txt" <(echo "$stubbed"))
 [ -z "$unstubbed" ] || die "add these driver functions to tests/legacy/cuda_stub.c: $unstubbed"
 driver_so=$(echo "$built" | grep 'cupy/cuda/driver\.')
 readelf -d "$driver_so" | grep -q 'NEEDED.*libcuda\.so\.1' || die "cupy.cuda.driver does not depend on libcuda.so.1"
-say "wheel OK: 13 extension modules; driver symbols $(tr '\n' ' ' < "$work/driver-symbols.txt")"
+if [ "$with_cudnn" = 1 ]; then
+  cudnn_so=$(echo "$built" | grep 'cupy/cuda/cudnn\.')
+  readelf -d "$cudnn_so" | grep -q 'NEEDED.*libcudnn\.so\.7' || die "cupy.cuda.cudnn does not depend on libcudnn.so.7"
+  nm -D --undefined-only "$cudnn_so" | awk '{print $2}' | grep '^cudnn' | sort -u > "$work/cudnn-symbols.txt"
+  nm -D --defined-only "$cudnn_dir/lib/libcudnn.so.7" | awk '{print $3}' | sort -u > "$work/cudnn-exports.txt"
+  absent=$(comm -23 "$work/cudnn-symbols.txt" "$work/cudnn-exports.txt")
+  [ -z "$absent" ] || die "cupy.cuda.cudnn imports what libcudnn.so.7 does not export: $absent"
+  say "cupy.cuda.cudnn built: $(wc -l < "$work/cudnn-symbols.txt") cudnn* symbols, all exported by libcudnn.so.7"
+fi
+say "wheel OK: $(echo $expected | wc -w) extension modules; driver symbols $(tr '\n' ' ' < "$work/driver-symbols.txt")"
 
 # 7. Stage for the GPU machine (.device/ is git-ignored; keep it small)
 rm -rf "$out" && mkdir -p "$out"
@@ -143,9 +197,14 @@ if [ "${LEGACY_SKIP_CHECK:-0}" != 1 ]; then
   "$cpy" -m pip install -q --disable-pip-version-check --no-index --no-deps --force-reinstall "$out"/*.whl \
     "$work"/dl/filelock-*.whl
   export LD_LIBRARY_PATH="$extra/rtstub:$extra/lib:$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  [ "$with_cudnn" = 1 ] && export LD_LIBRARY_PATH="$cudnn_dir/lib:$LD_LIBRARY_PATH"
   say "check: import chainer, cupy (libcuda stub)"
   (cd /tmp && "$cpy" -c "import chainer, cupy; print('chainer', chainer.__version__, 'cupy.cuda available',
 chainer.cuda.available, 'cudnn', chainer.cuda.cudnn_enabled)")
+  if [ "$with_cudnn" = 1 ]; then
+    say "check: cuDNN 7.1.2 through Chainer's own module (no GPU: version and descriptors only)"
+    (cd /tmp && "$cpy" "$here/cudnn_cpu_check.py") || die "cupy.cuda.cudnn does not work against libcudnn.so.7"
+  fi
   say "check: train.py on the CPU (numpy)"
   "$cpy" "$here/train.py" --device cpu --out "$check/train_cpu.json"
   nvcc112_args=()
@@ -172,6 +231,25 @@ chainer.cuda.available, 'cudnn', chainer.cuda.cudnn_enabled)")
   fi
 fi
 
+# 9. cuDNN: what run_cudnn_gpu.sh needs, in .device/legacy-cudnn/ (each call carries 64 MiB at most):
+#    the wheels (also filelock, for ptxbackend's own venv), nvcc 11.2 (the hand fix's and the hook's compiler),
+#    and the library in xz parts with SHA256SUMS (tests/cudnn7/build.sh makes those; reused)
+if [ "$with_cudnn" = 1 ]; then
+  staged=$repo/.device/legacy-cudnn
+  rm -rf "$staged" && mkdir -p "$staged/wheels"
+  cp "$out"/*.whl "$work"/dl/filelock-*.whl "$staged/wheels/"
+  if [ ! -f "$repo/.device/cudnn7/SHA256SUMS" ]; then
+    say "cuDNN parts: tests/cudnn7/build.sh (xz -9: minutes)"
+    CUDNN7_WHEEL=$cudnn_wheel bash "$repo/tests/cudnn7/build.sh" > "$work/cudnn7-build.log" 2>&1 \
+      || { tail -n 20 "$work/cudnn7-build.log"; die "tests/cudnn7/build.sh failed"; }
+  fi
+  cp "$repo"/.device/cudnn7/libcudnn.so.7.xz.part-* "$repo/.device/cudnn7/SHA256SUMS" "$staged/"
+  nvcc112_src=${LEGACY_NVCC112_TARBALL:-$repo/../shared/toolkits/nvcc112.tar.xz}
+  [ -f "$nvcc112_src" ] || nvcc112_src=/work/shared/toolkits/nvcc112.tar.xz
+  [ -f "$nvcc112_src" ] && cp "$nvcc112_src" "$staged/nvcc112.tar.xz" || say "WARNING: no nvcc112.tar.xz: step c's hand fix will be skipped"
+  say "cuDNN staged: $staged"
+  du -sh "$staged"/* | sed 's/^/  /'
+fi
 say "done: $out"
 ls -la "$out"
 du -sh "$out"
