@@ -137,3 +137,18 @@ def test_an_empty_mkdir_on_the_way_to_a_missing_include_directory_is_not_a_chang
     write(missing / "val.cuh", "#define VAL 2.0f\n")
     assert value(here(compiler, source, options)) == 2.0
     assert new_process(compiler, source, options) == 2.0
+
+
+def test_retargeting_a_link_in_the_middle_of_a_chain_is_seen_by_a_long_lived_process(compiler, tmp_path):
+    write(tmp_path / "real" / "one.cuh", "#define VAL 1.0f\n")
+    write(tmp_path / "real" / "two.cuh", "#define VAL 2.0f\n")
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "mid").mkdir()
+    os.symlink(str(tmp_path / "real" / "one.cuh"), str(tmp_path / "mid" / "val.cuh"))
+    os.symlink(str(tmp_path / "mid" / "val.cuh"), str(tmp_path / "inc" / "val.cuh"))
+    source, options = '#include <val.cuh>\n' + KERNEL, ["-I", str(tmp_path / "inc")]
+    assert value(here(compiler, source, options)) == 1.0
+    assert here(compiler, source, options).cache_hit
+    os.rename(str(tmp_path / "mid" / "val.cuh"), str(tmp_path / "mid" / "old.cuh"))
+    os.symlink(str(tmp_path / "real" / "two.cuh"), str(tmp_path / "mid" / "val.cuh"))
+    assert value(here(compiler, source, options)) == 2.0
