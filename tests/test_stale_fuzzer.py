@@ -281,7 +281,7 @@ def test_no_sequence_of_changes_gives_a_stale_hit(compiler, share, request, monk
         batch += 1
 
         @seed(run.seed)
-        @settings(max_examples=8, deadline=None, database=None, phases=(Phase.generate, Phase.shrink),
+        @settings(max_examples=4, deadline=None, database=None, phases=(Phase.generate, Phase.shrink),
                   suppress_health_check=list(HealthCheck))
         @given(tree_strategy, st.lists(op_strategy, min_size=1, max_size=8), st.booleans(), st.booleans())
         def sequences(spec, ops, pch, new_process_view):
