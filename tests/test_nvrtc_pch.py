@@ -155,3 +155,33 @@ def test_own_precompiled_headers_are_on_by_default_and_0_turns_them_off(headers,
     assert load_settings().nvrtc_pch is True
     monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "0")
     assert load_settings().nvrtc_pch is False
+
+
+def test_a_failed_compile_ends_the_generation_so_no_compile_reuses_its_precompiled_header(own_pch):
+    # A typo: NVRTC still made a precompiled header from val.cuh (VAL 1) before it failed.
+    with pytest.raises(ptxbackend.CompileError):
+        ptxbackend.compile(SOURCE.replace("y[0] =", "y[0] = oops +") % (1, 1), ("-I", str(own_pch)),
+                           target="compute_90", compiler="nvrtc")
+    (own_pch / "val.cuh").write_text(u"#pragma once\n#define VAL 2.0f\n")
+    fixed = _own(own_pch, 1)
+    assert _stored(fixed) == 3.0, "the fixed kernel reused the failed compile's precompiled header"
+    assert b"val.cuh" in fixed.store.load_depset(fixed.deps.decode()), "filed with no headers read"
+
+
+def test_no_compile_is_filed_that_may_have_reused_a_precompiled_header_of_unknown_reads(own_pch):
+    import threading
+    from ptxbackend.compiling import precompiled
+    from ptxbackend.dependencies.reads import UNKNOWN_READS
+    generation = precompiled.current()
+    options = ("-I", str(own_pch))
+    other = precompiled.start(generation, options)  # another thread's compile, still running
+    mine = precompiled.start(generation, options)
+    result = []
+    waiting = threading.Thread(target=lambda: result.append(precompiled.finish(mine, [str(own_pch / "val.cuh")])))
+    waiting.start()
+    waiting.join(0.5)
+    assert not result, "filed before a compile it may have reused the precompiled header of was done"
+    precompiled.finish(other, [UNKNOWN_READS + "could not be told"])
+    waiting.join(10)
+    assert any(p.startswith(UNKNOWN_READS) for p in result[0])
+    assert precompiled.current() is not generation

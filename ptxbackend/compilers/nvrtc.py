@@ -17,7 +17,8 @@ import threading
 from ..errors import CompileError, CompilerNotFoundError
 from .base import Compiler, CompilerIdentity, archs_from_table, file_signature, unknown_arch_hint
 from .options import read_path_options
-from ..dependencies.reads import UNKNOWN_READS, OpenedFiles, nvrtc_source_directory, scan_includes
+from ..dependencies.reads import (UNKNOWN_READS, OpenedFiles, nvrtc_source_directory, scan_includes,
+                                  unrecorded_reads)
 
 __all__ = ["NVRTC_ENV", "find_nvrtc", "probe_nvrtc", "NvrtcCompiler", "nvrtc_compiler"]
 
@@ -401,7 +402,11 @@ class NvrtcCompiler(Compiler):
                                 "option to cache them)", _PCH_REASON)
                 inputs.append(UNKNOWN_READS + _PCH_REASON)
             elif opened.paths is not None:
+                # Opens through a link or outside the watched trees are not in the record: the
+                # include scan adds them (and what they include), so no read goes unlisted.
                 inputs.extend(opened.paths)
+                inputs.extend(unrecorded_reads(source_bytes, paths.include_dirs, pre_includes, first,
+                                               opened.paths, opened.watched))
             else:
                 inputs.extend(scanned if scanned is not None else scan_includes(*scan))
         return image

@@ -143,9 +143,14 @@ def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, e
         image = comp.compile(source, request.options, chosen, name, inputs, timeout=settings.compile_timeout,
                              scratch=_scratch(store))
     else:
-        image = comp.compile(source, request.options, chosen, name, inputs, generation.number,
-                             timeout=settings.compile_timeout)
-        inputs = precompiled.reads(generation, request.options, inputs)
+        ticket = precompiled.start(generation, request.options)
+        try:
+            image = comp.compile(source, request.options, chosen, name, inputs, generation.number,
+                                 timeout=settings.compile_timeout)
+        except BaseException:
+            precompiled.failed(ticket)
+            raise
+        inputs = precompiled.finish(ticket, inputs)
     search = comp.search_path(request.path_options, name, request.options) + list(extra_system)
     built = depsets.build(inputs, search, list(comp.identity.system_dirs) + list(extra_system),
                           request.path_options.named_dirs + environment_include_dirs(), source, started,

@@ -11,7 +11,10 @@ options: such a compile opens none of the headers in it, and NVRTC reuses it aft
   generation is checked in full (not from the watcher's memory); one that no longer holds starts a new
   generation;
 - a compile's list of reads is what all compiles of its generation and option list read, itself included,
-  since one that reused their precompiled header opened nothing.
+  since one that reused their precompiled header opened nothing;
+- a generation counts only compiles whose reads are known: a failed compile (it may have made a
+  precompiled header nobody recorded) or one whose reads are unknown ends it, and a compile that ran
+  alongside such a one (it may have reused what that one made) is not filed.
 
 A header changed during a compile is recorded as too new by :func:`depsets.build`: that entry is never
 served, and the set fails the next check, which starts a new generation.
@@ -28,17 +31,29 @@ _LIMIT = 256
 
 
 class Generation(object):
-    """The compiles that may share NVRTC's precompiled headers: their number, reads and last sets."""
+    """The compiles that may share NVRTC's precompiled headers: their number, reads, last sets and the
+    compiles of it still running."""
 
-    __slots__ = ("number", "reads", "last")
+    __slots__ = ("number", "reads", "last", "running")
 
     def __init__(self, number):
         self.number = number
-        self.reads = {}  # options -> (the paths read by this generation's compiles with them, as a set too)
-        self.last = {}   # options -> (reads, the set) of the compile with the most reads (they only grow)
+        self.reads = {}    # options -> (the paths read by this generation's compiles with them, as a set too)
+        self.last = {}     # options -> (reads, the set) of the compile with the most reads (they only grow)
+        self.running = {}  # a running compile's Ticket -> its options
+
+
+class Ticket(object):
+    """One compile in a generation, from :func:`start` to :func:`finish`."""
+
+    __slots__ = ("generation", "options")
+
+    def __init__(self, generation, options):
+        self.generation, self.options = generation, options
 
 
 _lock = threading.Lock()
+_finished = threading.Condition(_lock)
 _current = [Generation(0)]
 
 
@@ -63,23 +78,56 @@ def current():
 
 def _end(generation):
     """Start the generation after ``generation`` (the lock held): its precompiled headers are not used again."""
-    _current[0] = Generation(generation.number + 1)
+    if _current[0] is generation:
+        _current[0] = Generation(generation.number + 1)
+    _finished.notify_all()
 
 
-def reads(generation, options, own):
-    """The list of reads for the dependency set of a compile in ``generation`` that opened ``own``."""
-    if any(path.startswith(UNKNOWN_READS) for path in own):
-        return own
+def start(generation, options):
+    """A compile with ``options`` begins in ``generation``: the :class:`Ticket` to :func:`finish` it with."""
+    ticket = Ticket(generation, tuple(options))
     with _lock:
+        generation.running[ticket] = ticket.options
+    return ticket
+
+
+def failed(ticket):
+    """The compile failed (an error, a timeout): NVRTC may have made a precompiled header from headers
+    nobody recorded, so the generation ends and no later compile can reuse it."""
+    with _lock:
+        ticket.generation.running.pop(ticket, None)
+        _end(ticket.generation)
+
+
+def finish(ticket, own):
+    """The list of reads for the dependency set of a compile that opened ``own``: what all compiles
+    of its generation and options read, itself included, since one that reused their precompiled
+    header opened nothing.  Compiles with the same options that ran alongside it are waited for (it
+    may have reused what they made); when any of them, or this one, has unknown reads, or the
+    generation ended meanwhile, the list says the reads are unknown and the generation ends."""
+    generation, options = ticket.generation, ticket.options
+    unknown = any(path.startswith(UNKNOWN_READS) for path in own)
+    with _lock:
+        generation.running.pop(ticket, None)
+        if unknown:
+            _end(generation)
+            return own
+        if _current[0] is generation:
+            paths, seen = generation.reads.setdefault(options, ([], set()))
+            for path in own:
+                if path not in seen:
+                    seen.add(path)
+                    paths.append(path)
+        _finished.notify_all()
+        alongside = [t for t, o in generation.running.items() if o == options]
+        while _current[0] is generation and any(t in generation.running for t in alongside):
+            _finished.wait()
         if _current[0] is not generation:
-            # A header changed while it ran: what its precompiled header was made of is not known.
-            return own + [UNKNOWN_READS + "a header changed during a compile with a precompiled header"]
-        paths, seen = generation.reads.setdefault(options, ([], set()))
-        for path in own:
-            if path not in seen:
-                seen.add(path)
-                paths.append(path)
-        return list(paths)
+            # A header changed while it ran, or a compile that ran alongside failed or had unknown
+            # reads: what its precompiled header was made of is not known.
+            return own + [UNKNOWN_READS + "a compile with a precompiled header it may have reused "
+                                          "failed or had unknown reads, or a header changed meanwhile"]
+        return list(generation.reads[options][0])
 
 
 def built(generation, options, inputs, made):

@@ -105,7 +105,8 @@ def build(paths, search_dirs, system_dirs, user_dirs, source, started=None, sour
         # set covers (they are watched), the same reads and include names give the same set.
         relative = [d for d in unique + list(search_dirs) + [source_dir or "/"] if not os.path.isabs(d)]
         memo = (tuple(unique), tuple(search_dirs), tuple(system_dirs), tuple(user_dirs), source_facts.includes,
-                source_facts.has_includes, source_dir, date_from_epoch, os.getcwd() if relative else None)
+                source_facts.include_nexts, source_facts.has_includes, source_dir, date_from_epoch,
+                os.getcwd() if relative else None)
         _forget_what_changed()
         known = _built.get(memo)
         if known is not None:
@@ -141,7 +142,8 @@ def _remember_built(memo, built, body):
     counts as checked for hits too.  The watch comes first and the set is checked after it, so a
     change after the build's own look is heard or seen."""
     parsed = _Parsed(body)
-    if not (parsed.absolute and watching.watch(parsed.watch) and _check(parsed, True, False)):
+    if not (parsed.absolute and watching.watch(_watch_dirs(parsed), parsed.watch_files)
+            and _check(parsed, True, False)):
         return
     section = built.digest.encode("ascii")
     with _lock:
@@ -157,11 +159,14 @@ class _Facts(object):
     """What the set needs from a text: its ``#include`` and ``__has_include`` names, and whether it
     uses the clock.  Kept per content digest: every CuPy kernel reads the same headers."""
 
-    __slots__ = ("includes", "has_includes", "volatile", "dated")
+    __slots__ = ("includes", "include_nexts", "has_includes", "volatile", "dated")
 
     def __init__(self, text):
+        found = _INCLUDES.findall(text)
         self.includes = tuple((quote == b'"', name.decode("utf-8", "surrogateescape").strip())
-                              for quote, name in _INCLUDES.findall(text))
+                              for nxt, quote, name in found if not nxt)
+        self.include_nexts = tuple(name.decode("utf-8", "surrogateescape").strip()
+                                   for nxt, quote, name in found if nxt)
         self.has_includes = tuple((quote == b'"', name.decode("utf-8", "surrogateescape").strip())
                                   for quote, name in _HAS_INCLUDE.findall(text))
         self.volatile = b"__TIME__" in text or b"__TIMESTAMP__" in text
@@ -227,7 +232,7 @@ def _dir_record(path, started):
     return [path, st.st_mtime_ns, st.st_ino, st.st_dev, _trustworthy(st, started)]
 
 
-_INCLUDES = re.compile(br'^[ \t]*#[ \t]*include(?:_next)?[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
+_INCLUDES = re.compile(br'^[ \t]*#[ \t]*include(_next)?[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
 
 
 _absent_memo = {}
@@ -237,8 +242,8 @@ def _absent_names(paths, digests, search_dirs, facts, source_dir=None):
     """``({directory: set of names} that must stay absent, {paths that must stay})`` (see the
     module's docstring).  Remembered for the same files and search path while every directory the
     answer depends on stats the same: kernels that share their headers share the work."""
-    marker = (tuple(paths), tuple(digests), tuple(search_dirs), facts[0].includes, facts[0].has_includes,
-              source_dir)
+    marker = (tuple(paths), tuple(digests), tuple(search_dirs), facts[0].includes, facts[0].include_nexts,
+              facts[0].has_includes, source_dir)
     found = _absent_memo.get(marker)
     if found is not None and all(_dir_signature(d) == sig for d, sig in found[2]):
         return found[0], found[1]
@@ -292,19 +297,29 @@ def _look_up_names(paths, search_dirs, facts, source_dir):
             probe(name, (here if quoted else ()) + whole)
         for quoted, name in found.has_includes:
             probe(name, (here if quoted else ()) + whole, True)
+        for name in found.include_nexts:
+            # The search goes on after the directory the including file was found in: each one
+            # before the file it finds must stay without it.
+            after = whole
+            for index, directory in enumerate(search):
+                if path and _under(path, directory):
+                    after = whole[index + 1:]
+                    break
+            probe(name, after)
     return absent, present, looked
 
 
 def _first_missing(path):
-    """``(deepest existing directory above path, the first missing name below it)``; ``(None, None)``
-    when something in the way is not a directory (nothing can appear there without a change
-    to a file the set already names, or the directory a file is in)."""
+    """``(deepest existing directory above path, the path below it)``; ``(None, None)`` when
+    something in the way is not a directory (nothing can appear there without a change to a file the
+    set already names, or the directory a file is in).  The whole rest of the path, not its first
+    component: what must stay absent is the file, so an empty ``mkdir`` on the way is no change."""
     missing = os.path.basename(path)
     parent = os.path.dirname(path) or os.curdir
     while not os.path.isdir(parent):
         if os.path.lexists(parent) or parent in (os.sep, os.curdir, ""):
             return None, None
-        missing = os.path.basename(parent)
+        missing = os.path.basename(parent) + "/" + missing
         parent = os.path.dirname(parent) or os.curdir
     return parent, missing
 
@@ -328,14 +343,15 @@ def well_formed(body):
     for item in absent:
         if not (isinstance(item, list) and len(item) == 6 and isinstance(item[0], str) and ints(item[1:4])
                 and isinstance(item[4], bool) and isinstance(item[5], list)
-                and all(isinstance(n, str) and n and "/" not in n for n in item[5])):
+                and all(isinstance(n, str) and n and not n.startswith("/")
+                        and not set(n.split("/")) & {"", ".", ".."} for n in item[5])):
             return False
     return isinstance(body.get("date", ""), str) and isinstance(body.get("date_from_epoch", False), bool)
 
 
 # -- checking ------------------------------------------------------------------------------------
 class _Parsed(object):
-    __slots__ = ("files", "absent", "present", "date", "date_from_epoch", "watch", "absolute")
+    __slots__ = ("files", "absent", "present", "date", "date_from_epoch", "watch", "watch_files", "absolute")
 
     def __init__(self, body):
         self.files = [tuple(item) for item in body["files"]]
@@ -345,11 +361,47 @@ class _Parsed(object):
         self.date_from_epoch = bool(body.get("date_from_epoch"))
         watch = set(item[0] for item in self.absent)
         watch.update(os.path.dirname(path) or os.curdir for path in self.present)
-        watch.update(os.path.dirname(item[0]) or os.curdir for item in self.files)
+        for item in self.files:
+            # The file's directory, every link's on the way and the target's (an edit through the
+            # link or a retarget is an event there), and the file itself: a write through a hard
+            # link in a directory nobody watches is an event on the inode only.
+            watch.update(_file_directories(item[0]))
         self.watch = sorted(watch)
+        self.watch_files = [item[0] for item in self.files if os.path.isabs(item[0])]
         # A relative path is looked up in whatever the working directory is at the time (NVRTC's
         # quoted includes): its check and watch hold for one working directory.
         self.absolute = all(os.path.isabs(d) for d in self.watch)
+
+
+def _file_directories(path):
+    found = _file_dirs_memo.get(path)
+    if found is None:
+        found = watching.file_directories(path) if os.path.isabs(path) else [os.path.dirname(path) or os.curdir]
+        with _lock:
+            if len(_file_dirs_memo) >= _LIMIT:
+                _file_dirs_memo.clear()
+            _file_dirs_memo[path] = found
+    return found
+
+
+_file_dirs_memo = {}
+
+
+def _watch_dirs(parsed):
+    """The directories to watch for ``parsed``: its own, and for a name that must stay absent several
+    levels below its directory (``later/deeper/inc/val.cuh``), each of those levels that exists now:
+    the file appearing there is an event in the deepest one."""
+    deeper = []
+    for directory, _, _, _, _, names in parsed.absent:
+        for name in names:
+            if "/" in name:
+                current = directory
+                for part in name.split("/")[:-1]:
+                    current = os.path.join(current, part)
+                    if not os.path.isdir(current):
+                        break
+                    deeper.append(current)
+    return parsed.watch + deeper if deeper else parsed.watch
 
 
 def fresh(section, load, complete=True, missing_ok=False):
@@ -373,7 +425,8 @@ def fresh(section, load, complete=True, missing_ok=False):
     if when is not None and (when == _WATCHED or time.time() - when < recheck_seconds):
         return True
     # Watch before checking, so that a change between the two is heard.
-    watched = complete and parsed.date is None and watching.watch([os.path.abspath(d) for d in parsed.watch])
+    watched = complete and parsed.date is None and watching.watch(
+        [os.path.abspath(d) for d in _watch_dirs(parsed)], [os.path.abspath(f) for f in parsed.watch_files])
     if not _check(parsed, complete, missing_ok):
         return False
     with _lock:
@@ -400,6 +453,7 @@ def _forget_what_changed():
         with _lock:
             _valid.clear()
             _built.clear()
+            _file_dirs_memo.clear()  # a link on the way may have been retargeted
             _owner[:] = [process_id(), epoch]
 
 
@@ -526,6 +580,7 @@ def forget():
         _facts_memo.clear()
         _realpaths.clear()
         _classified.clear()
+        _file_dirs_memo.clear()
 
 
 # -- whose headers -------------------------------------------------------------------------------

@@ -95,6 +95,71 @@ def scan_includes(source, include_dirs, pre_includes=(), source_dir=None, recurs
     return found
 
 
+def _identity(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def unrecorded_reads(source, include_dirs, pre_includes, source_dir, opened, watched):
+    """The files an NVRTC compile may have read that its record of opens (``opened``, made by
+    watching the directories ``watched``) cannot show: a header reached through a symbolic link (the
+    open is reported in the target's directory, under another name, or nowhere), or one outside the
+    watched trees (``#include "../common/b.cuh"``), and what those include in turn.
+
+    Each ``#include`` of the source and of every file read is resolved as the include scan does.  A
+    file the record shows, or that the record would have shown had it been opened (a plain entry in
+    a watched directory), needs nothing more: the record is right about it.  Any other is added,
+    spelt as the compiler reached it, and its own includes followed: an over-approximation (the scan
+    does not evaluate ``#if``), which can only cost a needless miss, never a stale hit."""
+    if not isinstance(source, bytes):
+        source = source.encode("utf-8", "surrogateescape")
+    watched_ids = set(filter(None, (_identity(d) for d in watched)))
+    recorded = set(os.path.normpath(p) for p in opened)
+    recorded_ids = set(filter(None, (_identity(p) for p in recorded)))
+    extra, visited = [], set()
+
+    def directories_of(path):
+        here = os.path.dirname(path) or os.curdir
+        real = os.path.dirname(os.path.realpath(path))
+        return [here] if real == os.path.abspath(here) else [here, real]
+
+    pending = [(_INCLUDE_RE.findall(source), [source_dir] if source_dir else [])]
+    for path in list(pre_includes) + list(recorded):
+        if os.path.isfile(path):
+            visited.add(os.path.normpath(path))
+            pending.append((_names_in(path), directories_of(path)))
+    for path in pre_includes:
+        if os.path.islink(path) or _identity(os.path.dirname(path) or os.curdir) not in watched_ids:
+            extra.append(os.path.normpath(path))
+    while pending:
+        names, wheres = pending.pop()
+        for quote, name in names:
+            name = name.decode("utf-8", "surrogateescape").strip()
+            if os.path.isabs(name):
+                candidates = [name]
+            else:
+                candidates = [os.path.join(d, name) for d in ((wheres if quote == b'"' else []) + list(include_dirs))]
+            for candidate in candidates:
+                path = os.path.normpath(candidate)
+                if not os.path.isfile(path):
+                    continue
+                if path in visited:
+                    break
+                visited.add(path)
+                plain = not os.path.islink(path) \
+                    and _identity(os.path.dirname(path) or os.curdir) in watched_ids
+                if plain and path not in recorded and _identity(path) not in recorded_ids:
+                    break  # it would have been seen had it been opened: not read (a skipped #if)
+                if not plain or path not in recorded:
+                    extra.append(path)
+                pending.append((_names_in(path), directories_of(path)))
+                break
+    return extra
+
+
 def environment_include_dirs():
     """Include directories the host preprocessor takes from the environment (nvcc only)."""
     dirs = []
@@ -199,6 +264,11 @@ class OpenedFiles(object):
                 _walks[key] = (generation, identities, self._walk)
         self._generation = generation
         self.scan_first = self._walk[1] or self._walk[0] is None
+
+    @property
+    def watched(self):
+        """The directories the record covers."""
+        return (self._walk[0] or []) if self._recorder is not None else []
 
     def __enter__(self):
         directories = self._walk[0] if self._recorder is not None else None

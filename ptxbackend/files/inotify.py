@@ -261,10 +261,19 @@ class ChangeWatcher(object):
         watched."""
         ok = True
         for path, only_directory in [(d, True) for d in directories] + [(f, False) for f in files]:
-            if path in self._watched:
+            marker = path
+            if not only_directory:
+                # A file replaced by a rename is another inode, which the old watch does not cover.
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    ok = False
+                    continue
+                marker = (path, st.st_dev, st.st_ino)
+            if marker in self._watched:
                 continue
             if self._inotify.watch(path, CHANGES, only_directory):
-                self._watched.add(path)
+                self._watched.add(marker)
             else:
                 ok = False
         return ok

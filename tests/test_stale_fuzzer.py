@@ -1,0 +1,293 @@
+"""A differential stale-hit fuzzer: after every change to an include tree, the cached answer must be
+the bytes a fresh compile in an empty cache gives.
+
+Hypothesis draws an include tree (three ``-I`` directories, the last ``-isystem`` for nvcc, one of them
+missing behind directories yet to be made; ``val.cuh`` in each as a definition, an ``#include_next``,
+an ``#include "../common/b.cuh"`` leaving the tree, or a symbolic link to a file elsewhere; a
+``__has_include`` of ``extra.cuh``; a forced ``-include``; a hard link to ``common/b.cuh`` in a directory
+nobody searches; an options file for nvcc) and a sequence of operations (edit in place, atomic rename
+keeping mtime and size, create or delete a shadowing header, retarget a link, ``mkdir`` on the way to
+the missing directory, edit through the hard link, a failing compile in between).  Each sequence runs
+with NVRTC 13.5's precompiled headers on or off, and either in one long-lived process or with the
+process's memory dropped before each cached compile (what a new process sees); at the end of each
+sequence a real new process asks the cache too.
+
+Budget: ``PTXBACKEND_FUZZ_SECONDS`` (default 60) in all, two thirds NVRTC, one third nvcc;
+``PTXBACKEND_FUZZ_SEED`` replays a run.  A difference fails with the seed, and Hypothesis shrinks it
+to a minimal tree and sequence and prints them.  Longer runs: docs/reliability.md.
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+import ptxbackend
+from ptxbackend.dependencies import depsets
+from conftest import run_python
+
+BUDGET = float(os.environ.get("PTXBACKEND_FUZZ_SECONDS", "60"))
+SEED = int(os.environ.get("PTXBACKEND_FUZZ_SEED", "0")) or int(time.time()) % 100000
+
+SOURCE = '''#if __has_include(<extra.cuh>)
+#include <extra.cuh>
+#endif
+#ifndef EXTRA
+#define EXTRA 0
+#endif
+#include <val.cuh>
+extern "C" __global__ void k(float* y) { y[0] = VAL + EXTRA * 10.0f + FORCED * 100.0f; }
+'''
+BROKEN = SOURCE.replace("y[0] =", "y[0] = oops +")
+
+DIRS = ("I0", "I1", "I2")
+KINDS = ("define", "next", "dotdot", "link")
+
+tree_strategy = st.fixed_dictionaries({
+    "val": st.tuples(*[st.sampled_from(("none",) + KINDS)] * 3),
+    "digits": st.tuples(*[st.integers(1, 9)] * 3),
+    "extra": st.sampled_from((None,) + DIRS),
+    "missing": st.sampled_from((None,) + DIRS),  # this -I directory is made only by a "mkdir" below
+})
+
+op_strategy = st.one_of(
+    st.tuples(st.just("edit"), st.sampled_from(DIRS), st.integers(1, 9)),
+    st.tuples(st.just("atomic"), st.sampled_from(DIRS), st.integers(1, 9)),
+    st.tuples(st.just("create"), st.sampled_from(DIRS), st.sampled_from(KINDS), st.integers(1, 9)),
+    st.tuples(st.just("delete"), st.sampled_from(DIRS)),
+    st.tuples(st.just("retarget"), st.sampled_from(DIRS), st.integers(1, 3)),
+    st.tuples(st.just("mkdir"), st.integers(1, 3)),
+    st.tuples(st.just("edit_common"), st.integers(1, 9)),
+    st.tuples(st.just("atomic_common"), st.integers(1, 9)),
+    st.tuples(st.just("edit_hard_link"), st.integers(1, 9)),
+    st.tuples(st.just("edit_real"), st.integers(1, 3), st.integers(1, 9)),
+    st.tuples(st.just("extra"), st.sampled_from((None,) + DIRS), st.integers(1, 9)),
+    st.tuples(st.just("forced"), st.integers(1, 9)),
+    st.tuples(st.just("fail"),),
+)
+
+
+def _define(digit):
+    return "#define VAL %d.0f\n" % digit  # one digit: every edit keeps the size
+
+
+class Tree(object):
+    """The files on disk, and the operations on them."""
+
+    def __init__(self, root, spec, compiler):
+        self.root = root
+        self.missing = spec["missing"]
+        for name in ("real", "common", "elsewhere"):
+            os.makedirs(self.path(name))
+        for index in (1, 2, 3):
+            self.write(self.path("real", "v%d.cuh" % index), _define(index))
+        self.write(self.path("common", "b.cuh"), _define(5))
+        os.link(self.path("common", "b.cuh"), self.path("elsewhere", "b.cuh"))
+        self.write(self.path("forced.cuh"), "#define FORCED 1\n")
+        for directory, kind, digit in zip(DIRS, spec["val"], spec["digits"]):
+            if directory != self.missing:
+                os.makedirs(self.dir(directory))
+                if kind != "none":
+                    self.create(directory, kind, digit)
+        if spec["extra"] and spec["extra"] != self.missing:
+            self.write(os.path.join(self.dir(spec["extra"]), "extra.cuh"), "#define EXTRA 1\n")
+        self.options = ["-I", self.dir("I0"), "-I", self.dir("I1")]
+        self.options += ["-isystem" if compiler == "nvcc" else "-I", self.dir("I2")]
+        self.options += ["-include", self.path("forced.cuh")]
+        if compiler == "nvcc":
+            self.write(self.path("options.txt"), "-DFROM_OPTIONS_FILE=1\n")
+            self.options += ["--options-file", self.path("options.txt")]
+
+    def path(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def dir(self, name):
+        # The missing one lies below two directories that do not exist yet either.
+        return self.path("m", "n", name) if name == self.missing else self.path(name)
+
+    @staticmethod
+    def write(path, text):
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    @staticmethod
+    def edit_in_place(path, text):
+        with open(path, "r+") as handle:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(text)
+
+    @staticmethod
+    def atomic(path, text):
+        """Replace by rename, with the old file's size and times: only the inode tells."""
+        real = os.path.realpath(path)
+        old = os.stat(real)
+        temporary = real + ".tmp"
+        Tree.write(temporary, text)
+        os.utime(temporary, ns=(old.st_atime_ns, old.st_mtime_ns))
+        os.rename(temporary, real)
+
+    def create(self, directory, kind, digit):
+        path = os.path.join(self.dir(directory), "val.cuh")
+        if kind == "define":
+            self.write(path, _define(digit))
+        elif kind == "next":
+            self.write(path, "#include_next <val.cuh>\n")
+        elif kind == "dotdot":
+            self.write(path, '#include "../common/b.cuh"\n' if directory != self.missing
+                       else '#include "../../../common/b.cuh"\n')
+        else:
+            os.symlink(os.path.join(os.path.relpath(self.path("real"), self.dir(directory)),
+                                    "v%d.cuh" % (digit % 3 + 1)), path)
+
+    def apply(self, op):
+        """Do ``op``; ``True`` when it was a failing compile (the caller runs it)."""
+        name, args = op[0], op[1:]
+        if name in ("edit", "atomic", "create", "delete", "retarget", "extra") and args[0] \
+                and not os.path.isdir(self.dir(args[0])):
+            return False  # the directory is still missing: nothing to do
+        if name == "edit" or name == "atomic":
+            path = os.path.join(self.dir(args[0]), "val.cuh")
+            if os.path.exists(path) and "include" not in open(path).read():
+                (self.edit_in_place if name == "edit" else self.atomic)(os.path.realpath(path), _define(args[1]))
+        elif name == "create":
+            if not os.path.lexists(os.path.join(self.dir(args[0]), "val.cuh")):
+                self.create(args[0], args[1], args[2])
+        elif name == "delete":
+            path = os.path.join(self.dir(args[0]), "val.cuh")
+            if os.path.lexists(path):
+                os.unlink(path)
+        elif name == "retarget":
+            path = os.path.join(self.dir(args[0]), "val.cuh")
+            if os.path.lexists(path):
+                os.unlink(path)
+            self.create(args[0], "link", args[1] - 1)
+        elif name == "mkdir":
+            if self.missing:
+                target = [self.path("m"), self.path("m", "n"), self.dir(self.missing)][args[0] - 1]
+                if not os.path.isdir(target):
+                    os.makedirs(target)
+        elif name == "edit_common":
+            self.edit_in_place(self.path("common", "b.cuh"), _define(args[0]))
+        elif name == "atomic_common":
+            # The hard link in elsewhere/ keeps the old inode: from now on it is another file.
+            self.atomic(self.path("common", "b.cuh"), _define(args[0]))
+        elif name == "edit_hard_link":
+            self.edit_in_place(self.path("elsewhere", "b.cuh"), _define(args[0]))
+        elif name == "edit_real":
+            self.edit_in_place(self.path("real", "v%d.cuh" % args[0]), _define(args[1]))
+        elif name == "extra":
+            for directory in DIRS:
+                path = os.path.join(self.dir(directory), "extra.cuh")
+                if os.path.exists(path):
+                    os.unlink(path)
+            if args[0]:
+                self.write(os.path.join(self.dir(args[0]), "extra.cuh"), "#define EXTRA %d\n" % args[1])
+        elif name == "forced":
+            self.edit_in_place(self.path("forced.cuh"), "#define FORCED %d\n" % args[0])
+        return name == "fail"
+
+
+def _answer(compiler, source, options, cache_dir, pch):
+    """The image (or ``"error"``) ptxbackend returns from ``cache_dir``, with precompiled headers on or off."""
+    os.environ["PTXBACKEND_NVRTC_PCH"] = "1" if pch else "0"
+    try:
+        return bytes(ptxbackend.compile(source, options, target="compute_90", compiler=compiler,
+                                        cache_dir=cache_dir).image)
+    except ptxbackend.CompileError:
+        return "error"
+
+
+CHILD = r'''
+import json, sys, ptxbackend
+compiler, options, cache_dir = %r, %s, %r
+try:
+    image = bytes(ptxbackend.compile(%r, options, target="compute_90", compiler=compiler, cache_dir=cache_dir).image)
+    print(json.dumps(image.decode("latin-1")))
+except ptxbackend.CompileError:
+    print(json.dumps("error"))
+'''
+
+
+def _new_process(compiler, options, cache_dir):
+    out = run_python(CHILD % (compiler, json.dumps(options), cache_dir, SOURCE), env={"PTXBACKEND_NVRTC_PCH": "0"})
+    found = json.loads(out.strip().splitlines()[-1])
+    return found if found == "error" else found.encode("latin-1")
+
+
+class Run(object):
+    """One fuzzer run: its budget and what it found, for the report."""
+
+    def __init__(self, compiler, seconds):
+        self.compiler, self.deadline, self.started = compiler, time.time() + seconds, time.time()
+        self.sequences = 0
+        self.seed = SEED
+
+    def sequence(self, spec, ops, pch, new_process_view):
+        self.sequences += 1
+        root = tempfile.mkdtemp(prefix="ptxfuzz-")
+        try:
+            tree = Tree(os.path.join(root, "t"), spec, self.compiler)
+            cache = os.path.join(root, "cache")
+            done = []
+            for step, op in enumerate([("start",)] + list(ops)):
+                broken = tree.apply(op) if step else False
+                done.append(op)
+                if broken:
+                    _answer(self.compiler, BROKEN, tree.options, cache, pch)
+                if new_process_view:
+                    depsets.forget()
+                cached = _answer(self.compiler, SOURCE, tree.options, cache, pch)
+                truth = _answer(self.compiler, SOURCE, tree.options, os.path.join(root, "fresh%d" % step), False)
+                if cached != truth:
+                    self.fail("after %r" % (done,), spec, pch, new_process_view, cached, truth)
+            if _new_process(self.compiler, tree.options, cache) != truth:
+                self.fail("in a new process after %r" % (done,), spec, pch, new_process_view, "", truth)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def fail(self, where, spec, pch, new_process_view, cached, truth):
+        def value(image):
+            return image if isinstance(image, str) else image.decode("latin-1")[-300:]
+        message = ("stale hit with %s (precompiled headers %s, %s) %s, %.1f s and %d sequences into the run; "
+                   "seed %d (PTXBACKEND_FUZZ_SEED=%d replays it)\ntree %r\ncached ...%s\nfresh  ...%s"
+                   % (self.compiler, "on" if pch else "off",
+                      "memory dropped before each hit" if new_process_view else "one long-lived process",
+                      where, time.time() - self.started, self.sequences, self.seed, self.seed, spec, value(cached),
+                      value(truth)))
+        sys.stderr.write(message + "\n")
+        raise AssertionError(message)
+
+
+@pytest.mark.parametrize("compiler, share", [("nvrtc", 2.0 / 3), ("nvcc", 1.0 / 3)])
+def test_no_sequence_of_changes_gives_a_stale_hit(compiler, share, request, monkeypatch):
+    if compiler == "nvcc":
+        request.getfixturevalue("nvcc13")
+    else:
+        monkeypatch.setenv("PTXBACKEND_NVRTC", request.getfixturevalue("nvrtc_pch"))
+    monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "1")
+    run = Run(compiler, BUDGET * share)
+    # Batches of a few examples, each with its own seed, until the budget is spent: Hypothesis has no
+    # time limit of its own, and a failing batch shrinks to a minimal tree and sequence.
+    batch = 0
+    while time.time() < run.deadline:
+        run.seed = SEED + batch
+        batch += 1
+
+        @seed(run.seed)
+        @settings(max_examples=4, deadline=None, database=None, phases=(Phase.generate, Phase.shrink),
+                  suppress_health_check=list(HealthCheck))
+        @given(tree_strategy, st.lists(op_strategy, min_size=1, max_size=8), st.booleans(), st.booleans())
+        def sequences(spec, ops, pch, new_process_view):
+            run.sequence(spec, ops, pch or compiler == "nvcc", new_process_view)
+
+        sequences()
+    print("stale-hit fuzzer: %s, %d sequences in %.0f s, seeds %d-%d"
+          % (compiler, run.sequences, time.time() - run.started, SEED, run.seed))
+    assert run.sequences > 0
