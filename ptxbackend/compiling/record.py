@@ -9,6 +9,8 @@ import os
 import stat
 import threading
 
+from ..compilers.options import read_path_options
+
 try:
     import fcntl
 except ImportError:  # Windows: O_APPEND alone
@@ -22,8 +24,14 @@ _recorded = set()
 _record_lock = threading.Lock()
 
 
-def record_request(key, source, options, target_spec, compiler, name):
-    """Append one request to the manifest named by PTXBACKEND_RECORD (once per key per process)."""
+def record_request(key, source, options, target_spec, compiler, name, source_dir=None):
+    """Append one request to the manifest named by PTXBACKEND_RECORD (once per key per process).
+
+    The line holds everything the key is made of, so that ``warm`` from any directory files the
+    entry the program asks for: the name, the source's directory (``compile(source_dir=)`` and
+    ``ptxbackend compile FILE`` add ``-I`` of it) and the options with every relative path made
+    absolute, as the key has them.
+    """
     path = os.environ.get(RECORD_ENV)
     if not path:
         return
@@ -33,12 +41,21 @@ def record_request(key, source, options, target_spec, compiler, name):
         _recorded.add(key)
     if isinstance(source, bytes):
         source = source.decode("utf-8", "replace")
-    line = json.dumps({"key": key, "source": source, "options": list(options), "target": target_spec,
-                       "compiler": compiler, "name": name}, sort_keys=True) + "\n"
+    record = {"key": key, "source": source, "options": absolute_options(options), "target": target_spec,
+              "compiler": compiler, "name": name}
+    if source_dir:
+        record["source_dir"] = os.path.abspath(source_dir)
+    line = json.dumps(record, sort_keys=True) + "\n"
     try:
         _append(path, line.encode("utf-8"))
     except Exception as exc:  # recording is a side job: it must never break the program
         log.warning("ptxbackend: cannot record to %s=%s: %s", RECORD_ENV, path, exc)
+
+
+def absolute_options(options):
+    """``options`` with each relative path made absolute against the working directory, as the key
+    has them (compilers.options); everything else as given."""
+    return [os.fsdecode(o) if isinstance(o, bytes) else str(o) for o in read_path_options(options).options]
 
 
 def _append(path, data):

@@ -13,12 +13,13 @@ import os
 import sys
 
 from ..compilers.grammar import option_problem
+from ..compilers.options import read_path_options
 from ..errors import PtxBackendError
 
 log = logging.getLogger("ptxbackend")
 
 
-_FIELDS = (("source", True), ("target", True), ("key", False), ("name", False))
+_FIELDS = (("source", True), ("target", True), ("key", False), ("name", False), ("source_dir", False))
 MANIFEST_LIMIT = 1 << 30
 
 
@@ -41,6 +42,17 @@ def _check_record(item):
     why = option_problem(options)
     if why:
         return "%s; compile such kernels with ptxbackend.compile() in the program itself" % why
+    source_dir = item.get("source_dir")
+    if source_dir is not None:
+        # It becomes "-I <source_dir>" (request.build): the same grammar as any -I from data.
+        why = option_problem(["-I", source_dir])
+        if why or not os.path.isabs(source_dir):
+            return "its 'source_dir' %s is not an absolute directory%s" % (
+                json.dumps(source_dir)[:80], " (%s)" % why if why else "")
+    if list(read_path_options(options).options) != options:
+        # A relative path means another request in another directory: the key would differ.
+        return ("its options name a relative path, which names another file wherever warm runs; "
+                "record it again with this version (it records paths absolute) or make the path absolute")
     return None
 
 
@@ -82,7 +94,8 @@ def read_manifest(path):
             raise PtxBackendError("%s line %d is not a ptxbackend manifest record (%s; one JSON object a line, "
                                   "written with PTXBACKEND_RECORD=FILE; a bundle goes to `ptxbackend cache "
                                   "import`)" % (path, number, why))
-        marker = (item["source"], tuple(item["options"]), item["target"], item.get("compiler"))
+        marker = (item["source"], tuple(item["options"]), item["target"], item.get("compiler"), item.get("name"),
+                  item.get("source_dir"))
         if marker not in seen:
             seen.add(marker)
             requests.append(item)
@@ -132,7 +145,7 @@ def replay(path, device_cc=None, out=print):
         try:
             artifact = compile_kernel(item["source"], item["options"], target=item["target"],
                                       compiler=item.get("compiler"), device_cc=device_cc,
-                                      name=item.get("name") or "kernel.cu")
+                                      name=item.get("name") or "kernel.cu", source_dir=item.get("source_dir"))
             if artifact.cache_hit:
                 hits += 1
             else:

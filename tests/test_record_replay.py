@@ -1,0 +1,127 @@
+"""Records replay the exact request: what PTXBACKEND_RECORD writes holds everything in the key, so
+``ptxbackend warm`` of it, from any directory, files the very entry the program asks for next."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, SAXPY, count_calls, run_python
+
+HEADER_KERNEL = r'''
+#include "scale.cuh"
+#include <bias.cuh>
+extern "C" __global__ void scaled(float* y, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = y[i] * SCALE + BIAS;
+}
+'''
+
+
+def _cli(cwd, *args, **env):
+    full = dict(os.environ, PYTHONPATH=REPO)
+    full.update(env)
+    return subprocess.run([sys.executable, "-m", "ptxbackend"] + list(args), env=full, cwd=str(cwd),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+
+
+def _project(tmp_path):
+    """A source directory with a header beside the kernel, and a relative -I directory in the
+    program's working directory."""
+    src = tmp_path / "project" / "src"
+    src.mkdir(parents=True)
+    (src / "scale.cuh").write_text("#define SCALE 2.0f\n")
+    inc = tmp_path / "project" / "inc"
+    inc.mkdir()
+    (inc / "bias.cuh").write_text("#define BIAS 1.0f\n")
+    (src / "k.cu").write_text(HEADER_KERNEL)
+    return tmp_path / "project", src
+
+
+def _records(manifest):
+    with open(str(manifest)) as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_a_record_of_a_compile_with_source_dir_and_a_relative_include_warms_a_cache_the_program_hits(
+        logging_nvcc, tmp_path):
+    wrapper, log = logging_nvcc
+    project, src = _project(tmp_path)
+    manifest = tmp_path / "kernels.jsonl"
+    program = ("import ptxbackend\n"
+               "a = ptxbackend.compile(open('src/k.cu').read(), ['-I', 'inc'], target='compute_75', "
+               "name='k.cu', source_dir='src')\n"
+               "print(a.cache_hit)\n")
+    recorded = run_python(program, {"PTXBACKEND_RECORD": str(manifest), "PTXBACKEND_NVCC": wrapper,
+                                    "PTXBACKEND_CACHE_DIR": str(tmp_path / "build-cache")}, cwd=str(project))
+    assert recorded.split() == ["False"]
+    (record,) = _records(manifest)
+    assert record["source_dir"] == str(src) and record["options"] == ["-I", str(project / "inc")]
+    assert record["name"] == "k.cu" and record["compiler"] == "nvcc" and record["target"] == "compute_75"
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fresh = str(tmp_path / "line-pc-cache")
+    proc = _cli(elsewhere, "warm", str(manifest), PTXBACKEND_CACHE_DIR=fresh, PTXBACKEND_NVCC=wrapper)
+    assert proc.returncode == 0 and "1 compiled, 0 already cached, 0 failed" in proc.stdout, (proc.stdout,
+                                                                                             proc.stderr)
+    calls = count_calls(log)
+    again = run_python(program, {"PTXBACKEND_CACHE_DIR": fresh, "PTXBACKEND_NVCC": wrapper}, cwd=str(project))
+    assert again.split() == ["True"] and count_calls(log) == calls, "warm filed another request"
+
+
+def test_a_record_of_the_compile_command_warms_a_cache_the_same_command_hits(logging_nvcc, tmp_path):
+    wrapper, log = logging_nvcc
+    project, src = _project(tmp_path)
+    manifest = tmp_path / "kernels.jsonl"
+    build = str(tmp_path / "build-cache")
+    proc = _cli(src, "compile", "k.cu", "--target", "compute_75", "--", "-I", "../inc",
+                PTXBACKEND_RECORD=str(manifest), PTXBACKEND_NVCC=wrapper, PTXBACKEND_CACHE_DIR=build)
+    assert proc.returncode == 0 and "miss" in proc.stdout, proc.stderr
+    (record,) = _records(manifest)
+    # `compile FILE` adds -I of the file's directory: the record keeps it as source_dir.
+    assert record["source_dir"] == str(src) and record["options"] == ["-I", str(project / "inc")]
+
+    fresh = str(tmp_path / "line-pc-cache")
+    proc = _cli(tmp_path, "warm", str(manifest), PTXBACKEND_CACHE_DIR=fresh, PTXBACKEND_NVCC=wrapper)
+    assert proc.returncode == 0 and "1 compiled" in proc.stdout, (proc.stdout, proc.stderr)
+    calls = count_calls(log)
+    proc = _cli(src, "compile", "k.cu", "--target", "compute_75", "--", "-I", "../inc",
+                PTXBACKEND_CACHE_DIR=fresh, PTXBACKEND_NVCC=wrapper)
+    assert proc.returncode == 0 and "result:   hit" in proc.stdout, (proc.stdout, proc.stderr)
+    assert count_calls(log) == calls
+
+
+def _manifest(tmp_path, **fields):
+    record = {"key": "ab" * 32, "source": SAXPY, "options": [], "target": "compute_75", "compiler": "nvcc",
+              "name": "k.cu"}
+    record.update(fields)
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+@pytest.mark.parametrize("options", [["-I", "inc"], ["-Iinc"], ["-isystem", "inc"], ["--include-path=inc"]])
+def test_warm_refuses_a_record_whose_options_name_a_relative_path(tmp_path, nvcc13, options):
+    (tmp_path / "inc").mkdir()
+    proc = _cli(tmp_path, "warm", _manifest(tmp_path, options=options), "--device-cc", "7.5")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "relative path" in proc.stderr and "record it again" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("source_dir", ["relative/dir", "/tmp/$(touch x)", "/tmp/a`b`", 7])
+def test_warm_refuses_a_source_dir_that_is_not_a_plain_absolute_directory(tmp_path, nvcc13, source_dir):
+    proc = _cli(tmp_path, "warm", _manifest(tmp_path, source_dir=source_dir), "--device-cc", "7.5")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "source_dir" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_warm_replays_an_absolute_source_dir(tmp_path, nvcc13):
+    proc = _cli(tmp_path, "warm", _manifest(tmp_path, source_dir=str(tmp_path)), "--device-cc", "7.5")
+    assert proc.returncode == 0 and "1 compiled" in proc.stdout, (proc.stdout, proc.stderr)
