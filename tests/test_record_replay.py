@@ -125,3 +125,95 @@ def test_warm_refuses_a_source_dir_that_is_not_a_plain_absolute_directory(tmp_pa
 def test_warm_replays_an_absolute_source_dir(tmp_path, nvcc13):
     proc = _cli(tmp_path, "warm", _manifest(tmp_path, source_dir=str(tmp_path)), "--device-cc", "7.5")
     assert proc.returncode == 0 and "1 compiled" in proc.stdout, (proc.stdout, proc.stderr)
+
+
+# -- PTXBACKEND_RECORD and warm's manifest follow the cache's rules ----------------------------------
+
+_RECORDING = ("import ptxbackend\n"
+              "print(ptxbackend.compile(%r, target='compute_75').cache_hit)\n" % SAXPY)
+
+
+def _record_into(tmp_path, target, umask=None):
+    """Run a program that records into ``target``; its stderr."""
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_RECORD=str(target))
+    code = ("import os; os.umask(%d)\n" % umask if umask is not None else "") + _RECORDING
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    assert proc.returncode == 0 and proc.stdout.split() in (["False"], ["True"]), proc.stderr  # it goes on
+    return proc.stderr
+
+
+def test_a_new_record_file_is_made_private_whatever_the_umask(tmp_path, nvcc13):
+    target = tmp_path / "kernels.jsonl"
+    assert "cannot record" not in _record_into(tmp_path, target, umask=0)
+    assert (os.stat(str(target)).st_mode & 0o777) == 0o600 and len(_records(target)) == 1
+
+
+def test_a_record_path_that_is_a_link_is_never_followed(tmp_path, nvcc13):
+    victim = tmp_path / "profile"
+    victim.write_text("export PATH=/usr/bin\n")
+    link = tmp_path / "kernels.jsonl"
+    link.symlink_to(victim)
+    err = _record_into(tmp_path, link)
+    assert victim.read_text() == "export PATH=/usr/bin\n", "the record followed a planted link"
+    assert "cannot record" in err and str(link) in err and "symbolic link" in err
+    assert len(err.strip().splitlines()) == 1, err
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "made-through-the-link")
+    assert "symbolic link" in _record_into(tmp_path, dangling)
+    assert not (tmp_path / "made-through-the-link").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_record_file_another_user_owns_is_never_appended_to(tmp_path, nvcc13):
+    target = tmp_path / "kernels.jsonl"
+    target.write_text("")
+    os.chmod(str(target), 0o600)
+    os.chown(str(target), 65534, 65534)
+    err = _record_into(tmp_path, target)
+    assert target.read_text() == "", "our kernel sources went into another user's file"
+    assert "cannot record" in err and "uid 65534" in err and "a file of your own" in err
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602])
+def test_a_record_file_others_can_write_is_never_appended_to(tmp_path, nvcc13, mode):
+    target = tmp_path / "kernels.jsonl"
+    target.write_text("")
+    os.chmod(str(target), mode)
+    err = _record_into(tmp_path, target)
+    assert target.read_text() == "" and "writable by group or others" in err and "chmod go-w" in err
+
+
+def _warm(tmp_path, manifest):
+    return _cli(tmp_path, "warm", str(manifest), "--device-cc", "7.5",
+                PTXBACKEND_CACHE_DIR=str(tmp_path / "warm-cache"))
+
+
+def _one_line_refusal(proc, *words):
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    for word in words:
+        assert word in proc.stderr, proc.stderr
+    assert "compiled" not in proc.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
+def test_warm_refuses_a_manifest_another_user_owns(tmp_path, nvcc13):
+    manifest = _manifest(tmp_path)
+    assert _warm(tmp_path, manifest).returncode == 0  # the same file, ours: replayed
+    os.chown(manifest, 65534, 65534)
+    _one_line_refusal(_warm(tmp_path, manifest), manifest, "uid 65534", "copy it to a file of your own")
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
+def test_warm_refuses_a_manifest_others_can_write(tmp_path, nvcc13, mode):
+    manifest = _manifest(tmp_path)
+    os.chmod(manifest, mode)
+    _one_line_refusal(_warm(tmp_path, manifest), manifest, "writable by group or others", "chmod go-w")
+
+
+def test_warm_refuses_a_manifest_that_is_a_link(tmp_path, nvcc13):
+    manifest = _manifest(tmp_path)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(manifest)
+    _one_line_refusal(_warm(tmp_path, link), str(link), "symbolic link", "name the file itself")

@@ -3,6 +3,7 @@
 ``ptxbackend warm MANIFEST`` (:mod:`ptxbackend.deploy.replay`) replays the file at deployment.
 """
 
+import errno
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ log = logging.getLogger("ptxbackend")
 RECORD_ENV = "PTXBACKEND_RECORD"
 
 _recorded = set()
+_refused = set()
 _record_lock = threading.Lock()
 
 
@@ -49,6 +51,10 @@ def record_request(key, source, options, target_spec, compiler, name, source_dir
     try:
         _append(path, line.encode("utf-8"))
     except Exception as exc:  # recording is a side job: it must never break the program
+        with _record_lock:
+            if path in _refused:
+                return
+            _refused.add(path)  # one warning per file, not one per kernel
         log.warning("ptxbackend: cannot record to %s=%s: %s", RECORD_ENV, path, exc)
 
 
@@ -61,14 +67,31 @@ def absolute_options(options):
 def _append(path, data):
     """Append ``data`` to the regular file at ``path`` in one write, under an flock of that file.
 
-    Opened non-blocking and checked by descriptor: a FIFO or device there is refused, never waited
-    on.  The lock is on the manifest itself, so no ``.lock`` file is left beside it.
+    The manifest is replayed by ``warm`` and holds the program's kernel sources, so it follows the
+    cache's rules: no link followed (one in /tmp could point at ~/.profile), made 0600, and only a
+    file of our own that no one else can write is appended to (another user's file would read our
+    sources and feed ``warm`` their lines).  Opened non-blocking and checked by descriptor: a FIFO
+    or device there is refused, never waited on.  The lock is on the manifest itself, so no
+    ``.lock`` file is left beside it.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
-                 | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise OSError("it is a symbolic link, which ptxbackend never follows for it; name a file of "
+                          "your own (not a link)")
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError("not a regular file: name a file for the manifest")
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            raise OSError("it belongs to uid %d, not to you (uid %d): name a file of your own" % (
+                st.st_uid, os.getuid()))
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise OSError("it is writable by group or others (mode %o): run chmod go-w %s" % (
+                st.st_mode & 0o777, path))
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # one writer's line at a time, whole
         while data:
