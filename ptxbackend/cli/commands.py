@@ -83,6 +83,7 @@ def _cmd_cache(args):
         if old:
             print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
                   "removes them)" % ", ".join(old))
+        _print_unknown(store)
     elif args.action == "list":
         for path, size, mtime in sorted(store.entries()):
             print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
@@ -102,6 +103,7 @@ def _cmd_cache(args):
         print("removed %s, %.2f MiB" % (_count(removed, "entry", "entries"), freed / 1048576.0))
         for name in store.remove_old_layouts():
             print("removed the old layout %s" % os.path.join(store.root, name))
+        _print_unknown(store)
     elif args.action == "push":
         from ..compiling.engine import open_cache
         settings = load_settings(cache_dir=args.cache_dir)
@@ -125,6 +127,7 @@ def _cmd_cache(args):
         store.clear()
         store.remove_old_layouts()
         print("cleared %s" % store.root)
+        _print_unknown(store)
     elif args.action in ("export", "import"):
         from ..deploy import jit_bundle
         from ..cache import bundle
@@ -160,6 +163,14 @@ def _cmd_cache(args):
             print("imported %s into %s: %s added, %d already present (all checksums verified)"
                   % (args.file, store.root, _count(added, "entry", "entries"), present))
     return 0
+
+
+def _print_unknown(store):
+    """The cache root's items ptxbackend did not make: named, never removed."""
+    unknown = store.unknown_items()
+    if unknown:
+        print("left alone: %s in %s (not made by ptxbackend: prune and clear never remove them; move them "
+              "out of the cache directory)" % (", ".join(unknown), store.root))
 
 
 def _check_bundle_file(path):

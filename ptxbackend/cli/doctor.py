@@ -174,7 +174,8 @@ def collect():
     store = open_store(settings)
     entries = list(store.entries())
     report["cache"] = {"dir": store.root, "entries": len(entries),
-                       "bytes": sum(size for _p, size, _m in entries), "max_bytes": settings.cache_max_size}
+                       "bytes": sum(size for _p, size, _m in entries), "max_bytes": settings.cache_max_size,
+                       "old_layouts": store.old_layouts(), "unknown": store.unknown_items()}
     report["remote"] = _remote_report(settings, problems, warnings)
     compilers = {}
     for kind in KINDS:
@@ -366,6 +367,11 @@ def render(report):
         lines.append("cache: %s  (%d %s, %.1f MiB of %.0f MiB)" % (
             cache["dir"], cache["entries"], "entry" if cache["entries"] == 1 else "entries",
             cache["bytes"] / 1048576.0, (cache["max_bytes"] or 0) / 1048576.0))
+        if cache.get("old_layouts"):
+            lines.append("  old layouts: %s (an earlier ptxbackend's; 'ptxbackend cache prune' removes them)"
+                         % ", ".join(cache["old_layouts"]))
+        if cache.get("unknown"):
+            lines.append("  not made by ptxbackend (left alone, never removed): %s" % ", ".join(cache["unknown"]))
     remote = report.get("remote")
     if remote:
         if "description" in remote:
