@@ -21,7 +21,7 @@ import zipfile
 
 import benchutil
 
-HOOK_FILES = ("_ptxbackend_boot.py", "_ptxbackend_pth.py", "ptxbackend.pth", "ptxbackend.start")
+HOOK_FILES = ("_ptxbackend_boot.py", "_ptxbackend_env.py", "_ptxbackend_pth.py", "ptxbackend.pth", "ptxbackend.start")
 START_MODULE = "_ptxbackend_pth"
 _IMPORTTIME_RE = re.compile(r"^import time:\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\S+)\s*$")
 
@@ -72,7 +72,7 @@ def _make_venvs(ws, notes):
         shutil.copytree(os.path.join(benchutil.REPO, "ptxbackend"), os.path.join(site, "ptxbackend"),
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         notes.append("hook venv: no wheel could be built, so the files a wheel holds (ptxbackend/, "
-                     "_ptxbackend_boot.py, _ptxbackend_pth.py, ptxbackend.pth, ptxbackend.start) were "
+                     "_ptxbackend_boot.py, _ptxbackend_env.py, _ptxbackend_pth.py, ptxbackend.pth, ptxbackend.start) were "
                      "copied in")
     compileall.compile_dir(site, quiet=1)  # pip byte-compiles what it installs
     for module in ("filelock", "platformdirs"):
