@@ -274,7 +274,8 @@ class DirectoryStore(Store):
         return sum(size for _path, size, _mtime in self.entries())
 
     def prune(self, max_size=None):
-        """Remove least-recently-used entries until the total is at most 80% of ``max_size``.
+        """Remove least-recently-used entries until the total is at most 80% of ``max_size``
+        (default: the store's; 0 means no limit, so nothing is removed).
 
         Returns ``(files_removed, bytes_removed)``.
         """
@@ -295,7 +296,7 @@ class DirectoryStore(Store):
             items.sort()
             total = sum(item[1] for item in items)
             removed = freed = 0
-            if limit is None or total <= limit:
+            if not limit or total <= limit:  # 0 (or None) is no limit, as while compiling
                 return 0, 0
             goal = int(limit * 0.8)
             for _mtime, size, relative in items:

@@ -74,8 +74,9 @@ def _cmd_cache(args):
     if args.action == "info":
         entries = list(store.entries())
         total = sum(size for _p, size, _m in entries)
-        print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (limit %.0f MiB)" % (
-            store.root, len(entries), total / 1048576.0, (store.max_size or 0) / 1048576.0))
+        print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (%s)" % (
+            store.root, len(entries), total / 1048576.0,
+            "limit %.0f MiB" % (store.max_size / 1048576.0) if store.max_size else "no limit"))
         for producer, _record in EntryCache(store).producer_records():
             print("producer:  %s" % producer)
         _print_remote(load_settings(cache_dir=args.cache_dir))
@@ -419,7 +420,8 @@ def build_parser():
                        help="import: this machine's driver JIT set (driver build, GPU model) from the fleet store")
     cache.add_argument("--cache-dir", help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
-    cache.add_argument("--max-size", help="prune: size limit, e.g. 500M (default PTXBACKEND_CACHE_MAX_SIZE)")
+    cache.add_argument("--max-size", help="prune: size limit, e.g. 500M; 0 is no limit (default "
+                       "PTXBACKEND_CACHE_MAX_SIZE)")
     cache.set_defaults(func=_cmd_cache)
 
     warm = sub.add_parser("warm", help="at deployment: compile and JIT recorded kernels, pre-JIT CUDA libraries")

@@ -364,9 +364,10 @@ def render(report):
             lines.append("  %-*s  %s" % (width, name, _shown(value)))
     if "cache" in report:
         cache = report["cache"]
-        lines.append("cache: %s  (%d %s, %.1f MiB of %.0f MiB)" % (
+        lines.append("cache: %s  (%d %s, %.1f MiB of %s)" % (
             cache["dir"], cache["entries"], "entry" if cache["entries"] == 1 else "entries",
-            cache["bytes"] / 1048576.0, (cache["max_bytes"] or 0) / 1048576.0))
+            cache["bytes"] / 1048576.0,
+            "%.0f MiB" % (cache["max_bytes"] / 1048576.0) if cache["max_bytes"] else "no limit"))
         if cache.get("old_layouts"):
             lines.append("  old layouts: %s (an earlier ptxbackend's; 'ptxbackend cache prune' removes them)"
                          % ", ".join(cache["old_layouts"]))
