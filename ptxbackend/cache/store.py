@@ -367,7 +367,8 @@ class DirectoryStore(Store):
                 unknown.append(name)
         return old, unknown
 
-    def _root_items(self):
+    def root_items(self):
+        """``(old layouts, unknown names)`` of the cache root, from one look at it."""
         try:
             with self._root_fd() as root_fd:
                 return self._root_items_at(root_fd)
@@ -376,11 +377,11 @@ class DirectoryStore(Store):
 
     def old_layouts(self):
         """Names of the trees older schema versions left here (``v3`` when this is ``v4``)."""
-        return self._root_items()[0]
+        return self.root_items()[0]
 
     def unknown_items(self):
         """Names in the cache root that ptxbackend did not make: left alone, reported (doctor)."""
-        return self._root_items()[1]
+        return self.root_items()[1]
 
     def remove_old_layouts(self):
         """Remove the trees of older schema versions; return their names.

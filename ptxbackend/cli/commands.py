@@ -80,11 +80,11 @@ def _cmd_cache(args):
         for producer, _record in EntryCache(store).producer_records():
             print("producer:  %s" % producer)
         _print_remote(load_settings(cache_dir=args.cache_dir))
-        old = store.old_layouts()
+        old, unknown = store.root_items()
         if old:
             print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
                   "removes them)" % ", ".join(old))
-        _print_unknown(store)
+        _print_unknown(store, unknown)
     elif args.action == "list":
         for path, size, mtime in sorted(store.entries()):
             print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
@@ -166,9 +166,9 @@ def _cmd_cache(args):
     return 0
 
 
-def _print_unknown(store):
+def _print_unknown(store, unknown=None):
     """The cache root's items ptxbackend did not make: named, never removed."""
-    unknown = store.unknown_items()
+    unknown = store.unknown_items() if unknown is None else unknown
     if unknown:
         print("left alone: %s in %s (not made by ptxbackend: prune and clear never remove them; move them "
               "out of the cache directory)" % (", ".join(unknown), store.root))

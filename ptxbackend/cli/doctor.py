@@ -173,9 +173,10 @@ def collect():
                           for name, value in sorted(settings.as_dict().items())}
     store = open_store(settings)
     entries = list(store.entries())
+    old_layouts, unknown = store.root_items()
     report["cache"] = {"dir": store.root, "entries": len(entries),
                        "bytes": sum(size for _p, size, _m in entries), "max_bytes": settings.cache_max_size,
-                       "old_layouts": store.old_layouts(), "unknown": store.unknown_items()}
+                       "old_layouts": old_layouts, "unknown": unknown}
     report["remote"] = _remote_report(settings, problems, warnings)
     compilers = {}
     for kind in KINDS:
