@@ -217,3 +217,98 @@ def test_warm_refuses_a_manifest_that_is_a_link(tmp_path, nvcc13):
     link = tmp_path / "link.jsonl"
     link.symlink_to(manifest)
     _one_line_refusal(_warm(tmp_path, link), str(link), "symbolic link", "name the file itself")
+
+
+# -- generators: a record of any request warms what that request hits; no source_dir runs anything ------
+
+FUZZ_EXAMPLES = int(os.environ.get("PTXBACKEND_RECORD_FUZZ_EXAMPLES", "12"))
+
+
+def _request_strategy():
+    from hypothesis import strategies as st
+    include = st.sampled_from([["-I", "inc"], ["-Iinc"], ["--include-path=inc"], ["-isystem", "inc"],
+                               ["-I", "../project/inc"], ["-I", "{project}/inc"], ["-I", "./inc/"]])
+    other = st.sampled_from([[], ["-DN=3"], ["-lineinfo"], ["-DSCALE_BY=2"]])
+    return st.fixed_dictionaries({
+        "name": st.sampled_from(["k.cu", "src/k.cu", "-dash.cu", "stdin.cu", "a b.cu"]),
+        "source_dir": st.sampled_from([None, "src", "./src/", "{project}/src"]),
+        "options": st.tuples(st.lists(include, max_size=2), other).map(lambda p: sum(p[0], []) + p[1]),
+    })
+
+
+def test_any_recorded_request_warms_the_entry_that_request_then_hits(tmp_path, nvcc13, monkeypatch):
+    """Differential: the program's own second call (in its directory, a fresh cache warmed from the
+    record in another directory) must be a hit with no compile, for any mix of source_dir, relative
+    -I spellings and names."""
+    from hypothesis import HealthCheck, given, settings
+    from ptxbackend.compiling import engine, record
+    from ptxbackend.deploy import replay
+    project, _src = _project(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    counter = [0]
+
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(_request_strategy())
+    def check(request):
+        counter[0] += 1
+        run = tmp_path / ("run-%d" % counter[0])
+        fill = lambda text: text.replace("{project}", str(project)) if text else text  # noqa: E731
+        options = [fill(o) for o in request["options"]]
+        source_dir = fill(request["source_dir"])
+        with_headers = source_dir is not None and any("inc" in o for o in options)
+        source = HEADER_KERNEL if with_headers else SAXPY
+        manifest = run / "kernels.jsonl"
+        run.mkdir()
+        record._recorded.clear()  # one process, many programs: each records its own requests
+        monkeypatch.chdir(str(project))
+        monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(run / "build-cache"))
+        monkeypatch.setenv("PTXBACKEND_RECORD", str(manifest))
+        engine._reset_for_tests()
+        first = engine.compile(source, options, target="compute_75", compiler="nvcc", name=request["name"],
+                               source_dir=source_dir)
+        monkeypatch.delenv("PTXBACKEND_RECORD")
+        monkeypatch.chdir(str(elsewhere))
+        monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(run / "line-pc-cache"))
+        engine._reset_for_tests()
+        compiled, hits, failures = replay.replay(str(manifest), device_cc="7.5", out=lambda *a: None)
+        assert (compiled, hits, failures) == (1, 0, []), (request, failures)
+        monkeypatch.chdir(str(project))
+        engine._reset_for_tests()
+        again = engine.compile(source, options, target="compute_75", compiler="nvcc", name=request["name"],
+                               source_dir=source_dir)
+        assert again.cache_hit and again.key == first.key, request
+
+    check()
+
+
+def test_no_source_dir_in_a_record_runs_the_canary_or_writes_outside_the_cache(tmp_path, nvcc13, monkeypatch):
+    """The injection fuzzer's hostile values (tests/test_injection_fuzz.py) as a record's source_dir."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    import test_injection_fuzz as injection
+    from ptxbackend.deploy import replay
+    from ptxbackend.errors import PtxBackendError
+    world = str(tmp_path / "world")
+    os.mkdir(world)
+    injection.plant(world)
+    os.mkdir(os.path.join(world, "sandbox"))
+    monkeypatch.setenv("PTXBACKEND_FUZZ_CANARY", os.path.join(world, "ran"))
+    monkeypatch.setenv("PTXBACKEND_CACHE_DIR", os.path.join(world, "sandbox", "cache"))
+    before = injection.snapshot(world)
+
+    @settings(max_examples=FUZZ_EXAMPLES * 4, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.one_of(injection.values(world), injection.values(world).map(lambda v: "/" + v)))
+    def check(value):
+        try:
+            try:
+                replay.replay(injection._manifest(world, source_dir=value), device_cc="7.5", out=lambda *a: None)
+            except PtxBackendError as exc:
+                assert "source_dir" in str(exc), str(exc)
+            assert not os.path.exists(os.path.join(world, "ran")), "the canary ran (source_dir = %r)" % value
+            assert injection.snapshot(world) == before, "something outside the cache changed (%r)" % value
+        finally:
+            injection.restore(world, before)
+
+    check()
