@@ -73,6 +73,30 @@ def test_a_record_of_a_compile_with_source_dir_and_a_relative_include_warms_a_ca
     assert again.split() == ["True"] and count_calls(log) == calls, "warm filed another request"
 
 
+def test_an_nvrtc_record_keeps_the_directory_nvrtc_looked_in_first(tmp_path, nvrtc_pch):
+    """NVRTC looks for quoted includes beside the name, relative to the working directory: the record
+    keeps that directory (``cwd``) and warm compiles there, so the program's next call hits."""
+    project, src = _project(tmp_path)
+    manifest = tmp_path / "kernels.jsonl"
+    program = ("import ptxbackend\n"
+               "a = ptxbackend.compile(open('src/k.cu').read(), ['-I', 'inc'], target='compute_75', "
+               "compiler='nvrtc', name='src/k.cu')\n"
+               "print(a.cache_hit)\n")
+    env = {"PTXBACKEND_NVRTC": nvrtc_pch}
+    assert run_python(program, dict(env, PTXBACKEND_RECORD=str(manifest), PTXBACKEND_CACHE_DIR=str(
+        tmp_path / "build-cache")), cwd=str(project)).split() == ["False"]
+    (record,) = _records(manifest)
+    assert record["cwd"] == str(project) and record["compiler"] == "nvrtc" and "source_dir" not in record
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fresh = str(tmp_path / "line-pc-cache")
+    proc = _cli(elsewhere, "warm", str(manifest), PTXBACKEND_CACHE_DIR=fresh, **env)
+    assert proc.returncode == 0 and "1 compiled, 0 already cached, 0 failed" in proc.stdout, (proc.stdout,
+                                                                                             proc.stderr)
+    assert os.getcwd() != str(project)
+    assert run_python(program, dict(env, PTXBACKEND_CACHE_DIR=fresh), cwd=str(project)).split() == ["True"]
+
+
 def test_a_record_of_the_compile_command_warms_a_cache_the_same_command_hits(logging_nvcc, tmp_path):
     wrapper, log = logging_nvcc
     project, src = _project(tmp_path)
@@ -114,11 +138,12 @@ def test_warm_refuses_a_record_whose_options_name_a_relative_path(tmp_path, nvcc
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-@pytest.mark.parametrize("source_dir", ["relative/dir", "/tmp/$(touch x)", "/tmp/a`b`", 7])
-def test_warm_refuses_a_source_dir_that_is_not_a_plain_absolute_directory(tmp_path, nvcc13, source_dir):
-    proc = _cli(tmp_path, "warm", _manifest(tmp_path, source_dir=source_dir), "--device-cc", "7.5")
+@pytest.mark.parametrize("field", ["source_dir", "cwd"])
+@pytest.mark.parametrize("directory", ["relative/dir", "/tmp/$(touch x)", "/tmp/a`b`", 7])
+def test_warm_refuses_a_source_dir_that_is_not_a_plain_absolute_directory(tmp_path, nvcc13, field, directory):
+    proc = _cli(tmp_path, "warm", _manifest(tmp_path, **{field: directory}), "--device-cc", "7.5")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "source_dir" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert field in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "x").exists()
 
 
@@ -221,7 +246,7 @@ def test_warm_refuses_a_manifest_that_is_a_link(tmp_path, nvcc13):
 
 # -- generators: a record of any request warms what that request hits; no source_dir runs anything ------
 
-FUZZ_EXAMPLES = int(os.environ.get("PTXBACKEND_RECORD_FUZZ_EXAMPLES", "12"))
+FUZZ_EXAMPLES = int(os.environ.get("PTXBACKEND_RECORD_FUZZ_EXAMPLES", "16"))
 
 
 def _request_strategy():
@@ -236,7 +261,17 @@ def _request_strategy():
     })
 
 
-def test_any_recorded_request_warms_the_entry_that_request_then_hits(tmp_path, nvcc13, monkeypatch):
+@pytest.fixture
+def nvrtc_or_none(request):
+    """NVRTC 13.5 where CI unpacked it (the generator then draws the compiler too), else nvcc alone."""
+    try:
+        return request.getfixturevalue("nvrtc_pch")
+    except pytest.skip.Exception:
+        return None
+
+
+def test_any_recorded_request_warms_the_entry_that_request_then_hits(tmp_path, nvcc13, nvrtc_or_none,
+                                                                    monkeypatch):
     """Differential: the program's own second call (in its directory, a fresh cache warmed from the
     record in another directory) must be a hit with no compile, for any mix of source_dir, relative
     -I spellings and names."""
@@ -248,9 +283,18 @@ def test_any_recorded_request_warms_the_entry_that_request_then_hits(tmp_path, n
     elsewhere.mkdir()
     counter = [0]
 
+    from hypothesis import strategies as st
+    compilers = ["nvcc"] + (["nvrtc"] if nvrtc_or_none else [])
+    if nvrtc_or_none:
+        monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc_or_none)
+
+    # NVRTC takes no "-isystem DIR" (NVRTC_ERROR_INVALID_OPTION): the program could not have compiled it.
+    nvrtc_can = lambda r: not any(o == "-isystem" for o in r["options"])  # noqa: E731
+
     @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(_request_strategy())
+    @given(_request_strategy().flatmap(lambda r: st.sampled_from(
+        [c for c in compilers if c == "nvcc" or nvrtc_can(r)]).map(lambda c: dict(r, compiler=c))))
     def check(request):
         counter[0] += 1
         run = tmp_path / ("run-%d" % counter[0])
@@ -266,8 +310,8 @@ def test_any_recorded_request_warms_the_entry_that_request_then_hits(tmp_path, n
         monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(run / "build-cache"))
         monkeypatch.setenv("PTXBACKEND_RECORD", str(manifest))
         engine._reset_for_tests()
-        first = engine.compile(source, options, target="compute_75", compiler="nvcc", name=request["name"],
-                               source_dir=source_dir)
+        first = engine.compile(source, options, target="compute_75", compiler=request["compiler"],
+                               name=request["name"], source_dir=source_dir)
         monkeypatch.delenv("PTXBACKEND_RECORD")
         monkeypatch.chdir(str(elsewhere))
         monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(run / "line-pc-cache"))
@@ -276,8 +320,8 @@ def test_any_recorded_request_warms_the_entry_that_request_then_hits(tmp_path, n
         assert (compiled, hits, failures) == (1, 0, []), (request, failures)
         monkeypatch.chdir(str(project))
         engine._reset_for_tests()
-        again = engine.compile(source, options, target="compute_75", compiler="nvcc", name=request["name"],
-                               source_dir=source_dir)
+        again = engine.compile(source, options, target="compute_75", compiler=request["compiler"],
+                               name=request["name"], source_dir=source_dir)
         assert again.cache_hit and again.key == first.key, request
 
     check()
@@ -312,3 +356,16 @@ def test_no_source_dir_in_a_record_runs_the_canary_or_writes_outside_the_cache(t
             injection.restore(world, before)
 
     check()
+
+
+@pytest.mark.parametrize("name", ["-dash.cu", "-DVAL=7"])
+def test_an_nvrtc_kernel_name_that_starts_with_a_dash_compiles_and_is_never_an_option(nvrtc_pch, monkeypatch,
+                                                                                   name):
+    """Found by the generator above: NVRTC read such a name as an option ("invalid option: -dash.cu")."""
+    from ptxbackend.compiling import engine
+    monkeypatch.setenv("PTXBACKEND_NVRTC", nvrtc_pch)
+    source = ('#ifndef VAL\n#define VAL 1\n#endif\n'
+              'extern "C" __global__ void k(int* x) { x[0] = VAL; }\n')
+    image = engine.compile(source, target="compute_75", compiler="nvrtc", name=name).image.decode()
+    assert "mov.u32" in image and any(line.strip().endswith(", 1;") for line in image.splitlines()
+                                      if "mov.u32" in line), "the name defined VAL"

@@ -11,6 +11,7 @@ import stat
 import threading
 
 from ..compilers.options import read_path_options
+from ..dependencies.reads import nvrtc_source_directory
 
 try:
     import fcntl
@@ -32,7 +33,8 @@ def record_request(key, source, options, target_spec, compiler, name, source_dir
     The line holds everything the key is made of, so that ``warm`` from any directory files the
     entry the program asks for: the name, the source's directory (``compile(source_dir=)`` and
     ``ptxbackend compile FILE`` add ``-I`` of it) and the options with every relative path made
-    absolute, as the key has them.
+    absolute, as the key has them.  For NVRTC, whose search for quoted includes starts in the name's
+    directory relative to the working directory, the working directory as well.
     """
     path = os.environ.get(RECORD_ENV)
     if not path:
@@ -47,6 +49,12 @@ def record_request(key, source, options, target_spec, compiler, name, source_dir
               "compiler": compiler, "name": name}
     if source_dir:
         record["source_dir"] = os.path.abspath(source_dir)
+    if compiler == "nvrtc":
+        # NVRTC looks for quoted includes beside the name first, relative to the working directory
+        # (reads.nvrtc_source_directory): that compile reads what is there, so warm runs it there too.
+        here = nvrtc_source_directory(name, options)
+        if here is not None and not os.path.isabs(here):
+            record["cwd"] = os.getcwd()
     line = json.dumps(record, sort_keys=True) + "\n"
     try:
         _append(path, line.encode("utf-8"))
