@@ -129,3 +129,31 @@ def test_a_later_member_with_a_huge_pax_header_is_refused_by_its_declared_size(t
     with pytest.raises(CacheError) as info:
         bundle.import_bundle(DirectoryStore(str(tmp_path / "target")), path)
     assert "extension header of 1073741824 bytes" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_bundle_that_is_no_regular_file_is_refused_without_waiting(tmp_path, kind):
+    """The API has no command line checking the file first: the bounded reader refuses a FIFO itself."""
+    import threading
+    from ptxbackend.cache import DirectoryStore, bundle
+    from ptxbackend.deploy import jit_bundle
+    from ptxbackend.errors import CacheError
+    path = str(tmp_path / "bundle.tgz")
+    os.mkfifo(path) if kind == "fifo" else os.mkdir(path)
+    outcome = []
+
+    def attempt():
+        try:
+            bundle.import_bundle(DirectoryStore(str(tmp_path / "target")), path)
+        except CacheError as exc:
+            outcome.append(str(exc))
+        outcome.append(jit_bundle.is_bundle(path))
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(30)
+    if worker.is_alive():
+        with open(path, "wb"):  # let the stuck reader go before failing
+            pass
+        pytest.fail("import of a FIFO waited for a writer")
+    assert outcome[-1] is False and "not a regular file" in outcome[0], outcome

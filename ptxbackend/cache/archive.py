@@ -21,6 +21,8 @@ import gzip
 import hashlib
 import hmac
 import json
+import os
+import stat
 import tarfile
 
 try:
@@ -99,7 +101,13 @@ class Untrusted(object):
         self._first_limit = first_limit
 
     def __enter__(self):
-        self._file = open(self.source, "rb")
+        # Opened without waiting and checked by descriptor: a FIFO or device named as a bundle is
+        # refused at once, never read (an API caller has no command line checking it first).
+        fd = os.open(self.source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CacheError("%s is not a regular file: name a bundle file" % self.source)
+        self._file = os.fdopen(fd, "rb")
         try:
             self._reader = _CountingReader(_decompressing(self._file), self._first_limit + _END)
             self.archive = tarfile.open(fileobj=self._reader, mode="r|", tarinfo=_BoundedTarInfo)
