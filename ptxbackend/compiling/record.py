@@ -43,20 +43,8 @@ def record_request(key, source, options, target_spec, compiler, name, source_dir
         if key in _recorded:
             return
         _recorded.add(key)
-    if isinstance(source, bytes):
-        source = source.decode("utf-8", "replace")
-    record = {"key": key, "source": source, "options": absolute_options(options), "target": target_spec,
-              "compiler": compiler, "name": name}
-    if source_dir:
-        record["source_dir"] = os.path.abspath(source_dir)
-    if compiler == "nvrtc":
-        # NVRTC looks for quoted includes beside the name first, relative to the working directory
-        # (reads.nvrtc_source_directory): that compile reads what is there, so warm runs it there too.
-        here = nvrtc_source_directory(name, options)
-        if here is not None and not os.path.isabs(here):
-            record["cwd"] = os.getcwd()
-    line = json.dumps(record, sort_keys=True) + "\n"
     try:
+        line = _line(key, source, options, target_spec, compiler, name, source_dir)
         _append(path, line.encode("utf-8"))
     except Exception as exc:  # recording is a side job: it must never break the program
         with _record_lock:
@@ -64,6 +52,24 @@ def record_request(key, source, options, target_spec, compiler, name, source_dir
                 return
             _refused.add(path)  # one warning per file, not one per kernel
         log.warning("ptxbackend: cannot record to %s=%s: %s", RECORD_ENV, path, exc)
+
+
+def _line(key, source, options, target_spec, compiler, name, source_dir):
+    """The manifest line of one request (JSON, one object)."""
+    if isinstance(source, bytes):
+        source = source.decode("utf-8", "replace")
+    name = os.fsdecode(name) if isinstance(name, bytes) else str(name)
+    record = {"key": key, "source": source, "options": absolute_options(options), "target": target_spec,
+              "compiler": compiler, "name": name}
+    if source_dir:
+        record["source_dir"] = os.path.abspath(os.fsdecode(source_dir))
+    if compiler == "nvrtc":
+        # NVRTC looks for quoted includes beside the name first, relative to the working directory
+        # (reads.nvrtc_source_directory): that compile reads what is there, so warm runs it there too.
+        here = nvrtc_source_directory(name, options)
+        if here is not None and not os.path.isabs(here):
+            record["cwd"] = os.getcwd()
+    return json.dumps(record, sort_keys=True) + "\n"
 
 
 def absolute_options(options):
