@@ -54,17 +54,29 @@ def pax_bomb(tmp_path_factory):
     return path
 
 
+# A child's own ru_maxrss starts at its parent's: Linux carries the forked copy's high-water mark across
+# exec, so a child of a 200 MiB pytest reads 200 MiB before it does anything.  A small launcher runs the
+# measured child and reads RUSAGE_CHILDREN, whose start is the launcher's own few MiB.
+LAUNCHER = r"""
+import resource, subprocess, sys
+proc = subprocess.run([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      universal_newlines=True)
+sys.stdout.write(proc.stdout)
+sys.stderr.write(proc.stderr)
+print("exit-status", proc.returncode)
+print("peak", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
 def _peak_in_child(code, tmp_path):
-    """Run ``code`` in a fresh interpreter; ``(its stdout lines, stderr, peak RSS in KiB)``."""
-    full = ("import resource, sys\n" + code +
-            "\nprint('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    """Run ``code`` in a fresh interpreter; ``(its stdout lines, stderr, its peak RSS in KiB)``."""
     env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", full], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, code], env=env, cwd=str(tmp_path),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
     lines = proc.stdout.split("\n")
     peak = [int(line.split()[1]) for line in lines if line.startswith("peak ")]
-    assert proc.returncode == 0 and peak, (proc.stdout, proc.stderr)
-    return [line for line in lines if line and not line.startswith("peak ")], proc.stderr, peak[0]
+    assert proc.returncode == 0 and peak and "exit-status 0" in lines, (proc.stdout, proc.stderr)
+    return [line for line in lines if line and not line.startswith(("peak ", "exit-status "))], proc.stderr, peak[0]
 
 
 def test_cache_import_refuses_a_pax_header_declaring_a_gigabyte_with_little_memory(pax_bomb, tmp_path):
