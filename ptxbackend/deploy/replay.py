@@ -1,8 +1,10 @@
 """Deployment warm-up: record which kernels a program compiles, replay them once at deployment.
 
 ``PTXBACKEND_RECORD=/path/manifest.jsonl`` makes every :func:`ptxbackend.compile`
-of the process append the request (source, options, target, compiler) to the
-manifest, once per distinct request.  ``ptxbackend warm MANIFEST`` replays it:
+of the process append the request to the manifest, once per distinct request:
+everything its key is made of (source, name, options with absolute paths,
+source_dir, target, compiler; for NVRTC the working directory), so that a warm
+from any directory files the entries the program will ask for.  ``ptxbackend warm MANIFEST`` replays it:
 compile (or hit), and on a GPU load each kernel so the per-device JIT cubin is
 stored too.  After that, the program's start-up compiles and JIT-compiles nothing.
 """
