@@ -35,7 +35,10 @@ def disabled():
 def parse_size(text):
     """``'4G'``, ``'512MiB'``, ``'1.5g'``, ``'1048576'`` -> bytes; ``ValueError`` for anything else.
 
-    Units are binary (K = 1024) and case-insensitive, with an optional ``B`` or ``iB``.
+    Units are binary (K = 1024) and case-insensitive, with an optional ``B`` or ``iB``.  ``0`` means
+    "no limit" wherever a size is a limit (docs/configuration.md).  A size is a whole number of bytes:
+    a fraction written in bytes (``0.5``) is refused, never taken as 0, and so is a size with a unit
+    that comes to less than one byte; with a unit, the part below a byte is dropped (``1.3K`` is 1331).
     """
     value = str(text).strip().upper()
     if value.endswith("IB"):
@@ -47,10 +50,17 @@ def parse_size(text):
     whole, dot, fraction = number.partition(".")
     if not whole or not _DIGITS.issuperset(whole) or (dot and not (fraction and _DIGITS.issuperset(fraction))):
         raise ValueError("not a size: %r (write e.g. 4G, 512M or a number of bytes)" % (text,))
-    try:
-        size = int(whole) * _SIZE_UNITS[unit] if not dot else int(float(number) * _SIZE_UNITS[unit])
-    except OverflowError:  # hundreds of digits: float() gives inf, int(inf) overflows
-        size = _SIZE_MAX + 1
+    if len(whole) > 30:  # more bytes than any disk: said without computing a number of 400 digits
+        raise ValueError("not a size: %r is too large (write e.g. 4G)" % (text,))
+    digits = fraction.rstrip("0")[:40]  # beyond 40 digits, less than a byte of even a terabyte
+    exact_fraction = int(digits or "0") * _SIZE_UNITS[unit]
+    size = int(whole) * _SIZE_UNITS[unit] + exact_fraction // 10 ** len(digits)
+    if digits and not unit:
+        raise ValueError("not a size: %r is a fraction of a byte; write a whole number of bytes, or 0 for "
+                         "no limit" % (text,))
+    if size == 0 and (int(whole) or digits):
+        raise ValueError("not a size: %r is less than one byte; write a whole number of bytes, or 0 for "
+                         "no limit" % (text,))
     if size > _SIZE_MAX:  # reports divide it as a float: a larger one overflows there
         raise ValueError("not a size: %r is too large (write e.g. 4G)" % (text,))
     return size

@@ -61,8 +61,9 @@ def test_entry_encode_refuses_what_the_header_cannot_hold(meta):
 
 def test_old_layouts_are_listed_and_removed_only_on_request(tmp_path):
     root = tmp_path / "c"
-    (root / "v1" / "nvcc-11.2" / "compute_75").mkdir(parents=True)
-    (root / "v1" / "nvcc-11.2" / "compute_75" / "x.ptx").write_bytes(b"old")
+    (root / "v1" / "nvcc-11.2" / "compute_75" / "ab").mkdir(parents=True)
+    # As 0.1 filed an entry: its name is its key, its content begins with the magic and schema 1.
+    (root / "v1" / "nvcc-11.2" / "compute_75" / "ab" / ("ab" * 32 + ".ptx")).write_bytes(b"PTXB\x01\x00old")
     (root / "v99").mkdir()  # a newer ptxbackend's: never ours to remove
     os.chmod(str(root), 0o700)
     store = DirectoryStore(str(root))

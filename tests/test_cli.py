@@ -108,7 +108,7 @@ def test_cache_info_names_an_old_layout_and_prune_removes_it(tmp_path):
     assert cli("cache", "info", env=env)[0] == 0  # creates the current layout
     old = cache / "v1" / "nvcc-11.2.152" / "compute_86" / "ab"
     old.mkdir(parents=True)
-    (old / ("ab" * 32 + ".ptx")).write_bytes(b"an entry of schema 1")
+    (old / ("ab" * 32 + ".ptx")).write_bytes(b"PTXB\x01\x00 an entry of schema 1")  # its magic and schema
     code, out, _ = cli("cache", "info", env=env)
     assert code == 0 and "old:       v1, from an earlier ptxbackend" in out
     code, out, _ = cli("cache", "prune", env=env)

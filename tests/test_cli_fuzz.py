@@ -50,6 +50,20 @@ def _files(tmp):
         record["options"] = [o.replace("{t}", str(tmp)) if isinstance(o, str) else o
                              for o in record["options"]]
         (tmp / (name + ".jsonl")).write_text(json.dumps(record) + "\n")
+    # Files from outside that another user could have made or changed: a manifest through a link, one
+    # others can write; a bundle whose first header declares a gigabyte; a config with a fraction of a byte.
+    os.symlink(str(tmp / "key-number.jsonl"), str(tmp / "link.jsonl"))
+    (tmp / "shared.jsonl").write_text(json.dumps(RECORD) + "\n")
+    os.chmod(str(tmp / "shared.jsonl"), 0o664)
+    pax = bytearray(512)
+    pax[0:14] = b"././@PaxHeader"
+    pax[100:108], pax[108:116], pax[116:124] = b"0000600\0", b"0000000\0", b"0000000\0"
+    pax[124:136], pax[136:148], pax[148:156], pax[156:157] = b"10000000000\0", b"00000000000\0", b" " * 8, b"x"
+    pax[257:265] = b"ustar\x0000"
+    pax[148:156] = ("%06o\0 " % sum(pax)).encode("ascii")
+    (tmp / "pax-header.tgz").write_bytes(gzip.compress(bytes(pax) + b"\0" * (1 << 20)))
+    (tmp / "half-byte.ini").write_text("[ptxbackend]\ncache_max_size = 0.5\n")
+    os.chmod(str(tmp / "half-byte.ini"), 0o600)
 
 
 # A recorded request, and the ways a manifest line can be wrong (issue 26) or name a program (issue 25).
@@ -75,6 +89,11 @@ MANIFESTS = {
     "keep-dir": {"options": ["--keep", "--keep-dir", "{t}"]},
     "output-file": {"options": ["-o", "{t}/written"]},
     "run": {"options": ["--run"]},
+    # records replay the exact request: nothing relative to wherever warm runs
+    "relative-include": {"options": ["-I", "inc"]},
+    "source-dir-relative": {"source_dir": "src"},
+    "source-dir-shell": {"source_dir": "/tmp/`id`"},
+    "source-dir-list": {"source_dir": ["/tmp"]},
 }
 
 
@@ -159,6 +178,14 @@ CASES = [
     (["cache", "export", "-"], {}),
     (["compile", "-", "--device-cc", "7.5", "-o", "-"], {}),
     (["warm", "--driver-jit-bundle", "{t}/fifo", "--libs", "cudnn"], {}),
+    # files from outside: manifests others could change, a bundle header declaring 1 GiB, sizes
+    (["warm", "{t}/link.jsonl"], {}),
+    (["warm", "{t}/shared.jsonl"], {}),
+    (["cache", "import", "{t}/pax-header.tgz"], {}),
+    (["cache", "prune", "--max-size", "0.5"], {}),
+    (["cache", "prune"], {"PTXBACKEND_CACHE_MAX_SIZE": "0.5"}),
+    (["cache", "prune"], {"PTXBACKEND_CONFIG": "{t}/half-byte.ini"}),
+    (["cache", "prune", "--max-size", "0.0001K"], {}),
 ] + [(["warm", "{t}/%s.jsonl" % name], {}) for name in sorted(MANIFESTS)]
 
 # Where the message must name the thing that is wrong.
@@ -183,6 +210,17 @@ SAYS = {
     "cache import {t}/zeros.tgz": "not a ptxbackend bundle",
     "cache export {t}/fifo --force": "FIFO",
     "compile {t}/k.cu --device-cc 7.5 -o {t}/fifo": "FIFO",
+    "warm {t}/link.jsonl": "symbolic link",
+    "warm {t}/shared.jsonl": "writable by group or others",
+    "warm {t}/relative-include.jsonl": "relative path",
+    "warm {t}/source-dir-relative.jsonl": "'source_dir'",
+    "warm {t}/source-dir-shell.jsonl": "'source_dir'",
+    "warm {t}/source-dir-list.jsonl": "'source_dir'",
+    "cache import {t}/pax-header.tgz": "extension header of 1073741824 bytes",
+    "cache prune --max-size 0.5": "fraction of a byte",
+    "cache prune PTXBACKEND_CACHE_MAX_SIZE=0.5": "fraction of a byte",
+    "cache prune PTXBACKEND_CONFIG={t}/half-byte.ini": "fraction of a byte",
+    "cache prune --max-size 0.0001K": "less than one byte",
 }
 
 

@@ -113,12 +113,17 @@ needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
                                 reason="planting a link of another user needs chown (root)")
 
 
+_OLD_ENTRY = os.path.join("nvcc-11.2", "compute_75", "ab", "ab" * 32 + ".ptx")
+
+
 def _victim_with_old_layouts(tmp_path):
-    """A private directory of the user's own holding what `cache prune` would delete in a cache."""
+    """A private directory of the user's own holding what `cache prune` would delete in a cache: the
+    trees 0.1 and 0.2 wrote (an entry each, named by its key, with their magic and schema)."""
     victim = tmp_path / "victim"
-    for layout in ("v1", "v2"):
-        (victim / layout / "data").mkdir(parents=True)
-        (victim / layout / "data" / "precious").write_bytes(b"precious")
+    for number, layout in ((1, "v1"), (2, "v2")):
+        entry = victim / layout / _OLD_ENTRY
+        entry.parent.mkdir(parents=True)
+        entry.write_bytes(b"PTXB" + bytes([number, 0]) + b"precious")
     for path in (victim, victim / "v1", victim / "v2"):
         os.chmod(str(path), 0o700)
     return victim
@@ -142,7 +147,7 @@ def test_a_cache_root_that_is_another_users_link_is_refused_and_nothing_is_prune
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "symbolic link %s, which belongs to uid %d" % (planted, NOBODY) in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert (victim / "v1" / "data" / "precious").exists() and (victim / "v2" / "data" / "precious").exists()
+    assert (victim / "v1" / _OLD_ENTRY).exists() and (victim / "v2" / _OLD_ENTRY).exists()
     assert not (victim / "v4").exists()  # nothing was created through the link either
     # The same link of the user's own is the user's choice: prune works and removes the old layouts.
     os.lchown(str(planted), 0, 0)
@@ -157,12 +162,13 @@ def test_old_layouts_are_removed_through_the_root_descriptor_never_through_a_lin
     root = tmp_path / "cache"
     store = DirectoryStore(str(root))
     (root / "v2").mkdir(mode=0o700)
-    os.symlink(str(outside / "v1" / "data"), str(root / "v2" / "data"))  # a link inside an old layout
+    os.symlink(str(outside / "v1" / "nvcc-11.2"), str(root / "v2" / "nvcc-11.2"))  # a link inside an old layout
     os.symlink(str(outside / "v1"), str(root / "v1"))  # an old layout that is a link
-    assert store.old_layouts() == ["v2"]
-    assert store.remove_old_layouts() == ["v2"]
-    assert not (root / "v2").exists() and os.path.islink(str(root / "v1"))
-    assert (outside / "v1" / "data" / "precious").read_bytes() == b"precious"
+    # Neither is a tree ptxbackend wrote (it made no links): both are left alone, and named.
+    assert store.old_layouts() == [] and store.unknown_items() == ["v1", "v2"]
+    assert store.remove_old_layouts() == []
+    assert os.path.islink(str(root / "v1")) and os.path.islink(str(root / "v2" / "nvcc-11.2"))
+    assert (outside / "v1" / _OLD_ENTRY).read_bytes() == b"PTXB\x01\x00precious"
 
 
 HOOK = "import os, _ptxbackend_pth; _ptxbackend_pth.install(); print(os.environ.get('CUDA_CACHE_PATH'))"

@@ -10,7 +10,10 @@ built first (``getmember`` would decompress and parse every header of a 400,000-
 the first one could be refused), so a member that does not belong is refused when it is reached.  The
 decompressor's output is counted as it is produced against what the manifest declares, so a small
 archive that unpacks to gigabytes (in a member, a tar extension header or padding) stops at the budget,
-and the signature is checked before any file is read.
+and the signature is checked before any file is read.  A member's extension header (pax, GNU long
+name) is refused by its declared size before tarfile reads it whole into memory.  Nothing else reads
+an archive first: the kind of a bundle is told by its first member, read through the same bounds
+(:func:`first_member_name`).
 """
 
 import bz2
@@ -18,6 +21,8 @@ import gzip
 import hashlib
 import hmac
 import json
+import os
+import stat
 import tarfile
 
 try:
@@ -32,10 +37,25 @@ from ..errors import CacheError
 _PER_MEMBER = 4 << 10
 _END = 64 << 10
 _HEX = frozenset("0123456789abcdef")
+# An extension header holds a long name or a few attributes: hundreds of bytes.  tarfile reads one
+# whole before the member it describes, so its declared size is checked first.
+HEADER_LIMIT = 1 << 20
+_EXTENSION_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 
 
 class OverBudget(Exception):
     """The archive unpacks to more than its manifest declares."""
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A member header that refuses an extension header larger than :data:`HEADER_LIMIT` before its
+    content is read (tarfile would read a pax header declaring 1 GiB into memory whole)."""
+
+    def _proc_member(self, tarfile_):
+        if self.type in _EXTENSION_TYPES and self.size > HEADER_LIMIT:
+            raise OverBudget("a tar extension header of %d bytes (at most %d are read)" % (self.size,
+                                                                                        HEADER_LIMIT))
+        return super(_BoundedTarInfo, self)._proc_member(tarfile_)
 
 
 class _CountingReader(object):
@@ -81,10 +101,16 @@ class Untrusted(object):
         self._first_limit = first_limit
 
     def __enter__(self):
-        self._file = open(self.source, "rb")
+        # Opened without waiting and checked by descriptor: a FIFO or device named as a bundle is
+        # refused at once, never read (an API caller has no command line checking it first).
+        fd = os.open(self.source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CacheError("%s is not a regular file: name a bundle file" % self.source)
+        self._file = os.fdopen(fd, "rb")
         try:
             self._reader = _CountingReader(_decompressing(self._file), self._first_limit + _END)
-            self.archive = tarfile.open(fileobj=self._reader, mode="r|")
+            self.archive = tarfile.open(fileobj=self._reader, mode="r|", tarinfo=_BoundedTarInfo)
         except tarfile.TarError as exc:
             self._file.close()
             raise CacheError("%s is not a ptxbackend bundle (cannot open it as tar: %s)" % (self.source, exc))
@@ -102,6 +128,22 @@ class Untrusted(object):
             self.archive.close()
         finally:
             self._file.close()
+
+
+def first_member_name(source, limit):
+    """The name of the archive's first member (``None`` when it has none or is no tar), read through
+    the same bounds as an import: what tells a kernel bundle from a driver-JIT bundle."""
+    import zlib
+    try:
+        with Untrusted(source, limit) as reading:
+            first = reading.archive.next()
+            return first.name if first is not None else None
+    except (OverBudget, CacheError, tarfile.TarError, EOFError, zlib.error, ValueError):
+        return None
+    except OSError as exc:
+        if exc.errno is None:  # gzip's BadGzipFile: damage, said by the import that follows
+            return None
+        raise
 
 
 def strict_json(data):

@@ -27,12 +27,15 @@ from ..errors import CacheError
 from . import entry as entry_format
 from .base import Store, UnusableValue
 from .keys import SCHEMA_VERSION
-from .layout import KINDS as KIND_SUFFIXES, LAYOUT, RESERVED
+from .layout import KINDS as KIND_SUFFIXES, LAYOUT, OLD_SCHEMAS, RESERVED, ROOT_NAMES, ROOT_PREFIXES
+from .layout import layout_schema, old_entry_head, old_layout_role
 
 log = logging.getLogger("ptxbackend.cache")
 _ENTRY_ENDINGS = tuple("." + kind for kind in KIND_SUFFIXES)
 _TOUCH_AFTER = 3600.0  # refresh an entry's mtime (its LRU age) at most hourly
 _PRUNE_EVERY = 300.0   # look at the total size at most every five minutes, on writes
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _check_private_dir(path):
@@ -48,6 +51,47 @@ def _check_parents(path):
     why = _ptxbackend_env.parents_problem(path)
     if why:
         raise CacheError(why)
+
+
+def _old_tree_is_ours(root_fd, name, schema):
+    """Whether the tree ``name`` is one ptxbackend ``schema`` wrote, so it may be deleted.
+
+    No version wrote a mark file, so the tree must be what they did write: a directory of ours
+    holding no link and nothing another user owns, every file at a place that layout has
+    (layout.old_layout_role), every entry beginning with that version's magic and schema number,
+    and at least one entry, producer record or lock to show it.  Anything else (a user's folder
+    named ``v2``, a tree with a file of theirs added) is left alone whole.
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    try:
+        top = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+        if not stat_module.S_ISDIR(top.st_mode) or (uid is not None and top.st_uid != uid):
+            return False
+        head = old_entry_head(schema)
+        shown = False
+        for relative, dirs, files, dir_fd in os.fwalk(name, dir_fd=root_fd, follow_symlinks=False):
+            parts = relative.split(os.sep)[1:]
+            for item in dirs + files:
+                st = os.stat(item, dir_fd=dir_fd, follow_symlinks=False)
+                if uid is not None and st.st_uid != uid:
+                    return False
+                if stat_module.S_ISDIR(st.st_mode):
+                    continue
+                role = old_layout_role(parts + [item]) if stat_module.S_ISREG(st.st_mode) else None
+                if role is None:
+                    return False
+                if role == "entry":
+                    fd = os.open(item, os.O_RDONLY | _NOFOLLOW | private.CLOEXEC | _NONBLOCK,
+                                 dir_fd=dir_fd)
+                    try:
+                        if os.read(fd, len(head)) != head:
+                            return False
+                    finally:
+                        os.close(fd)
+                shown = shown or role in ("entry", "producer", "lock", "headers")
+        return shown
+    except OSError:
+        return False
 
 
 class DirectoryStore(Store):
@@ -230,7 +274,8 @@ class DirectoryStore(Store):
         return sum(size for _path, size, _mtime in self.entries())
 
     def prune(self, max_size=None):
-        """Remove least-recently-used entries until the total is at most 80% of ``max_size``.
+        """Remove least-recently-used entries until the total is at most 80% of ``max_size``
+        (default: the store's; 0 means no limit, so nothing is removed).
 
         Returns ``(files_removed, bytes_removed)``.
         """
@@ -251,7 +296,7 @@ class DirectoryStore(Store):
             items.sort()
             total = sum(item[1] for item in items)
             removed = freed = 0
-            if limit is None or total <= limit:
+            if not limit or total <= limit:  # 0 (or None) is no limit, as while compiling
                 return 0, 0
             goal = int(limit * 0.8)
             for _mtime, size, relative in items:
@@ -306,34 +351,48 @@ class DirectoryStore(Store):
             os.close(fd)
 
     @staticmethod
-    def _old_layouts_at(root_fd):
-        names = []
-        for name in os.listdir(root_fd):
-            if name.startswith("v") and name[1:].isdigit() and int(name[1:]) < SCHEMA_VERSION:
-                try:
-                    if stat_module.S_ISDIR(os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_mode):
-                        names.append(name)
-                except OSError:
-                    continue
-        return sorted(names)
+    def _root_items_at(root_fd):
+        """``(old, unknown)``: the trees an older ptxbackend left in the cache root (each proven so by
+        :func:`_old_tree_is_ours`), and every name there that ptxbackend did not make."""
+        old, unknown = [], []
+        for name in sorted(os.listdir(root_fd)):
+            schema = layout_schema(name)
+            if name == LAYOUT or (schema is not None and schema > SCHEMA_VERSION):
+                continue  # this version's, or a newer one's: never touched
+            if name in ROOT_NAMES or name.startswith(ROOT_PREFIXES):
+                continue
+            if schema in OLD_SCHEMAS and _old_tree_is_ours(root_fd, name, schema):
+                old.append(name)
+            else:
+                unknown.append(name)
+        return old, unknown
 
-    def old_layouts(self):
-        """Names of the trees of older schema versions here (``v1`` when this is ``v2``)."""
+    def root_items(self):
+        """``(old layouts, unknown names)`` of the cache root, from one look at it."""
         try:
             with self._root_fd() as root_fd:
-                return self._old_layouts_at(root_fd)
+                return self._root_items_at(root_fd)
         except (CacheError, OSError):
-            return []
+            return [], []
+
+    def old_layouts(self):
+        """Names of the trees older schema versions left here (``v3`` when this is ``v4``)."""
+        return self.root_items()[0]
+
+    def unknown_items(self):
+        """Names in the cache root that ptxbackend did not make: left alone, reported (doctor)."""
+        return self.root_items()[1]
 
     def remove_old_layouts(self):
         """Remove the trees of older schema versions; return their names.
 
         An upgrade leaves the old tree behind, unread and uncounted by the size
         cap.  Not done automatically: an older ptxbackend in another environment
-        may still share this cache directory.  Newer layouts are never touched.
+        may still share this cache directory.  Newer layouts are never touched, nor
+        is anything ptxbackend did not write (a folder of the user's named ``v2``).
         """
         with self._root_fd() as root_fd:
-            removed = self._old_layouts_at(root_fd)
+            removed = self._root_items_at(root_fd)[0]
             for name in removed:
                 private.remove_tree_beneath(root_fd, name)
         return removed

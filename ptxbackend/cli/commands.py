@@ -74,15 +74,17 @@ def _cmd_cache(args):
     if args.action == "info":
         entries = list(store.entries())
         total = sum(size for _p, size, _m in entries)
-        print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (limit %.0f MiB)" % (
-            store.root, len(entries), total / 1048576.0, (store.max_size or 0) / 1048576.0))
+        print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (%s)" % (
+            store.root, len(entries), total / 1048576.0,
+            "limit %.0f MiB" % (store.max_size / 1048576.0) if store.max_size else "no limit"))
         for producer, _record in EntryCache(store).producer_records():
             print("producer:  %s" % producer)
         _print_remote(load_settings(cache_dir=args.cache_dir))
-        old = store.old_layouts()
+        old, unknown = store.root_items()
         if old:
             print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
                   "removes them)" % ", ".join(old))
+        _print_unknown(store, unknown)
     elif args.action == "list":
         for path, size, mtime in sorted(store.entries()):
             print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
@@ -102,6 +104,7 @@ def _cmd_cache(args):
         print("removed %s, %.2f MiB" % (_count(removed, "entry", "entries"), freed / 1048576.0))
         for name in store.remove_old_layouts():
             print("removed the old layout %s" % os.path.join(store.root, name))
+        _print_unknown(store)
     elif args.action == "push":
         from ..compiling.engine import open_cache
         settings = load_settings(cache_dir=args.cache_dir)
@@ -125,6 +128,7 @@ def _cmd_cache(args):
         store.clear()
         store.remove_old_layouts()
         print("cleared %s" % store.root)
+        _print_unknown(store)
     elif args.action in ("export", "import"):
         from ..deploy import jit_bundle
         from ..cache import bundle
@@ -160,6 +164,14 @@ def _cmd_cache(args):
             print("imported %s into %s: %s added, %d already present (all checksums verified)"
                   % (args.file, store.root, _count(added, "entry", "entries"), present))
     return 0
+
+
+def _print_unknown(store, unknown=None):
+    """The cache root's items ptxbackend did not make: named, never removed."""
+    unknown = store.unknown_items() if unknown is None else unknown
+    if unknown:
+        print("left alone: %s in %s (not made by ptxbackend: prune and clear never remove them; move them "
+              "out of the cache directory)" % (", ".join(unknown), store.root))
 
 
 def _check_bundle_file(path):
@@ -408,7 +420,8 @@ def build_parser():
                        help="import: this machine's driver JIT set (driver build, GPU model) from the fleet store")
     cache.add_argument("--cache-dir", help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
-    cache.add_argument("--max-size", help="prune: size limit, e.g. 500M (default PTXBACKEND_CACHE_MAX_SIZE)")
+    cache.add_argument("--max-size", help="prune: size limit, e.g. 500M; 0 is no limit (default "
+                       "PTXBACKEND_CACHE_MAX_SIZE)")
     cache.set_defaults(func=_cmd_cache)
 
     warm = sub.add_parser("warm", help="at deployment: compile and JIT recorded kernels, pre-JIT CUDA libraries")

@@ -173,8 +173,10 @@ def collect():
                           for name, value in sorted(settings.as_dict().items())}
     store = open_store(settings)
     entries = list(store.entries())
+    old_layouts, unknown = store.root_items()
     report["cache"] = {"dir": store.root, "entries": len(entries),
-                       "bytes": sum(size for _p, size, _m in entries), "max_bytes": settings.cache_max_size}
+                       "bytes": sum(size for _p, size, _m in entries), "max_bytes": settings.cache_max_size,
+                       "old_layouts": old_layouts, "unknown": unknown}
     report["remote"] = _remote_report(settings, problems, warnings)
     compilers = {}
     for kind in KINDS:
@@ -363,9 +365,15 @@ def render(report):
             lines.append("  %-*s  %s" % (width, name, _shown(value)))
     if "cache" in report:
         cache = report["cache"]
-        lines.append("cache: %s  (%d %s, %.1f MiB of %.0f MiB)" % (
+        lines.append("cache: %s  (%d %s, %.1f MiB of %s)" % (
             cache["dir"], cache["entries"], "entry" if cache["entries"] == 1 else "entries",
-            cache["bytes"] / 1048576.0, (cache["max_bytes"] or 0) / 1048576.0))
+            cache["bytes"] / 1048576.0,
+            "%.0f MiB" % (cache["max_bytes"] / 1048576.0) if cache["max_bytes"] else "no limit"))
+        if cache.get("old_layouts"):
+            lines.append("  old layouts: %s (an earlier ptxbackend's; 'ptxbackend cache prune' removes them)"
+                         % ", ".join(cache["old_layouts"]))
+        if cache.get("unknown"):
+            lines.append("  not made by ptxbackend (left alone, never removed): %s" % ", ".join(cache["unknown"]))
     remote = report.get("remote")
     if remote:
         if "description" in remote:

@@ -374,6 +374,10 @@ class NvrtcCompiler(Compiler):
             command += own
         source_bytes = _as_bytes(source, "source")
         name_bytes = _as_bytes(name, "name")
+        if name_bytes.startswith(b"-"):
+            # NVRTC hands the name to its front end's command line, where "-dash.cu" is an invalid
+            # option: the same file spelt as a path (the key keeps the caller's spelling).
+            name_bytes = b"./" + name_bytes
         # C strings end at the first NUL: NVRTC would silently compile a
         # truncated program or drop part of an option.
         if b"\0" in source_bytes or b"\0" in name_bytes or any(b"\0" in o for o in encoded):

@@ -72,7 +72,7 @@ def compile_with(settings, source, options=(), compiler=None, name="kernel.cu", 
     artifact.cubin_cache = settings.cubin_cache
     if settings.record:
         record_request(artifact.key, source, options, str(settings.target), artifact.producer.split("-")[0],
-                       name)
+                       name, source_dir)
     return artifact
 
 

@@ -1,24 +1,29 @@
 """Deployment warm-up: record which kernels a program compiles, replay them once at deployment.
 
 ``PTXBACKEND_RECORD=/path/manifest.jsonl`` makes every :func:`ptxbackend.compile`
-of the process append the request (source, options, target, compiler) to the
-manifest, once per distinct request.  ``ptxbackend warm MANIFEST`` replays it:
+of the process append the request to the manifest, once per distinct request:
+everything its key is made of (source, name, options with absolute paths,
+source_dir, target, compiler; for NVRTC the working directory), so that a warm
+from any directory files the entries the program will ask for.  ``ptxbackend warm MANIFEST`` replays it:
 compile (or hit), and on a GPU load each kernel so the per-device JIT cubin is
 stored too.  After that, the program's start-up compiles and JIT-compiles nothing.
 """
 
+import contextlib
 import json
 import logging
 import os
 import sys
 
 from ..compilers.grammar import option_problem
+from ..compilers.options import read_path_options
 from ..errors import PtxBackendError
 
 log = logging.getLogger("ptxbackend")
 
 
-_FIELDS = (("source", True), ("target", True), ("key", False), ("name", False))
+_FIELDS = (("source", True), ("target", True), ("key", False), ("name", False), ("source_dir", False),
+           ("cwd", False))
 MANIFEST_LIMIT = 1 << 30
 
 
@@ -41,6 +46,19 @@ def _check_record(item):
     why = option_problem(options)
     if why:
         return "%s; compile such kernels with ptxbackend.compile() in the program itself" % why
+    for field in ("source_dir", "cwd"):
+        directory = item.get(field)
+        if directory is not None:
+            # source_dir becomes "-I <source_dir>" (request.build), cwd where NVRTC looks first: the
+            # same grammar as any -I from data.
+            why = option_problem(["-I", directory])
+            if why or not os.path.isabs(directory):
+                return "its %r %s is not an absolute directory%s" % (
+                    field, json.dumps(directory)[:80], " (%s)" % why if why else "")
+    if list(read_path_options(options).options) != options:
+        # A relative path means another request in another directory: the key would differ.
+        return ("its options name a relative path, which names another file wherever warm runs; "
+                "record it again with this version (it records paths absolute) or make the path absolute")
     return None
 
 
@@ -49,7 +67,8 @@ def _lines(path):
     if path == "-":
         handle = sys.stdin.buffer
     else:
-        handle = user.open_input(path, "manifest", MANIFEST_LIMIT)
+        # Its lines choose what is compiled and filed: a file only its owner (or root) can write.
+        handle = user.open_trusted_input(path, "manifest", MANIFEST_LIMIT, "warm")
     try:
         while True:
             raw = handle.readline(user.MANIFEST_LINE_LIMIT + 1)
@@ -82,11 +101,31 @@ def read_manifest(path):
             raise PtxBackendError("%s line %d is not a ptxbackend manifest record (%s; one JSON object a line, "
                                   "written with PTXBACKEND_RECORD=FILE; a bundle goes to `ptxbackend cache "
                                   "import`)" % (path, number, why))
-        marker = (item["source"], tuple(item["options"]), item["target"], item.get("compiler"))
+        marker = (item["source"], tuple(item["options"]), item["target"], item.get("compiler"), item.get("name"),
+                  item.get("source_dir"), item.get("cwd"))
         if marker not in seen:
             seen.add(marker)
             requests.append(item)
     return requests
+
+
+@contextlib.contextmanager
+def _working_directory(path):
+    """Run the block in ``path`` (a record's ``cwd``: where NVRTC looked for the program's quoted
+    includes), back where it was after; here when there is none or it does not exist on this machine
+    (the entry may then hold what this directory gave, and the program's own call compile again)."""
+    here = os.getcwd() if path else None
+    if path:
+        try:
+            os.chdir(path)
+        except OSError as exc:
+            log.debug("ptxbackend: warm: %s: %s; compiling in %s", path, exc, here)
+            here = None
+    try:
+        yield
+    finally:
+        if here is not None:
+            os.chdir(here)
 
 
 class Progress(object):
@@ -130,9 +169,10 @@ def replay(path, device_cc=None, out=print):
     failures = []
     for item in requests:
         try:
-            artifact = compile_kernel(item["source"], item["options"], target=item["target"],
-                                      compiler=item.get("compiler"), device_cc=device_cc,
-                                      name=item.get("name") or "kernel.cu")
+            with _working_directory(item.get("cwd")):
+                artifact = compile_kernel(item["source"], item["options"], target=item["target"],
+                                          compiler=item.get("compiler"), device_cc=device_cc,
+                                          name=item.get("name") or "kernel.cu", source_dir=item.get("source_dir"))
             if artifact.cache_hit:
                 hits += 1
             else:

@@ -67,6 +67,43 @@ def open_input(path, what, limit=None):
         raise
 
 
+def open_trusted_input(path, what, limit, remedy_verb):
+    """:func:`open_input` for a file whose content decides what runs or is filed (a ``warm``
+    manifest): as the cache's own files, no link is followed and the file must be the user's (or
+    root's) and writable by no one else, or another user could choose what it holds.  The checks are
+    of the descriptor read, so nothing can be swapped in between.  ``remedy_verb``: what the user
+    does with a file of their own ("warm").
+    """
+    if not path:
+        raise UserFileError("%s: an empty file name; name a file" % what)
+    try:
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise UserFileError("%s %s is a symbolic link: ptxbackend follows no link for a %s (another user "
+                                "could point it elsewhere); name the file itself (%s)" % (
+                                    what, path, what, os.path.realpath(path)))
+        raise UserFileError("%s %s %s" % (what, path, _why(exc)))
+    try:
+        st = os.fstat(fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            raise UserFileError("%s %s is %s: name a regular file" % (what, path, _kind(st.st_mode)))
+        if hasattr(os, "getuid") and st.st_uid not in (os.getuid(), 0):
+            raise UserFileError("%s %s belongs to uid %d, not to you (uid %d) or root: another user could "
+                                "choose what it makes ptxbackend %s; copy it to a file of your own and "
+                                "%s that" % (what, path, st.st_uid, os.getuid(), remedy_verb, remedy_verb))
+        if st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH):
+            raise UserFileError("%s %s is writable by group or others (mode %o): another user could add to "
+                                "it; run: chmod go-w %s" % (what, path, st.st_mode & 0o777, path))
+        if limit is not None and st.st_size > limit:
+            raise UserFileError("%s %s is %d bytes, more than the %d a %s may have" % (
+                what, path, st.st_size, limit, what))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_input(path, what, limit, stdin_ok=False):
     """The bytes of ``path`` (``-``: standard input when ``stdin_ok``), at most ``limit`` of them."""
     if path == "-":
