@@ -159,6 +159,9 @@ CASES = [
     (["cache", "export", "-"], {}),
     (["compile", "-", "--device-cc", "7.5", "-o", "-"], {}),
     (["warm", "--driver-jit-bundle", "{t}/fifo", "--libs", "cudnn"], {}),
+    # wrong success: a blank --cache-dir is refused as PTXBACKEND_CACHE_DIR is ('' is not "the default")
+    (["cache", "info", "--cache-dir", ""], {}),
+    (["cache", "verify", "--cache-dir", "   "], {}),
 ] + [(["warm", "{t}/%s.jsonl" % name], {}) for name in sorted(MANIFESTS)]
 
 # Where the message must name the thing that is wrong.
@@ -183,6 +186,8 @@ SAYS = {
     "cache import {t}/zeros.tgz": "not a ptxbackend bundle",
     "cache export {t}/fifo --force": "FIFO",
     "compile {t}/k.cu --device-cc 7.5 -o {t}/fifo": "FIFO",
+    "cache info --cache-dir ": "only spaces",
+    "cache verify --cache-dir    ": "only spaces",
 }
 
 
