@@ -31,16 +31,24 @@ _ARCH_LINE_RE = re.compile(r"^(compute|sm)_(\d+)$")
 _OUTPUT_FLAG = {"ptx": "--ptx", "cubin": "--cubin", "fatbin": "--fatbin"}
 
 
+_DEFAULT_TOOLKIT = "/usr/local/cuda"
+
+
 def find_nvcc(explicit=None):
-    """Locate nvcc: ``explicit``, then ``PTXBACKEND_NVCC``, ``CUDA_PATH``, ``CUDA_HOME``, PATH.
+    """Locate nvcc: ``explicit``, then ``PTXBACKEND_NVCC``, ``CUDA_PATH``, ``CUDA_HOME``, PATH,
+    ``/usr/local/cuda``.
 
     ``explicit`` and ``PTXBACKEND_NVCC`` may name the program or a toolkit
     directory.  Raises :class:`CompilerNotFoundError` saying where it looked.
     """
     looked = []
-    for origin, value in (("argument", explicit), (NVCC_ENV, os.environ.get(NVCC_ENV))):
+    from_env = os.environ.get(NVCC_ENV)
+    for origin, value in (("argument", explicit), (NVCC_ENV, from_env)):
         if not value:
             continue
+        if value == from_env:
+            # Settings hand the variable's value down as ``explicit``: name where the user set it.
+            origin = "the environment (%s)" % NVCC_ENV
         for candidate in (value, os.path.join(value, "bin", "nvcc"), os.path.join(value, "nvcc")):
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
                 return candidate
@@ -60,6 +68,11 @@ def find_nvcc(explicit=None):
     looked.append("PATH")
     if found:
         return found
+    # Where the toolkit installers put it and CuPy looks last; often not on a service's PATH.
+    candidate = os.path.join(_DEFAULT_TOOLKIT, "bin", "nvcc")
+    looked.append(candidate)
+    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        return candidate
     raise CompilerNotFoundError(
         "nvcc not found (looked in: %s). Install a CUDA toolkit, or point "
         "PTXBACKEND_NVCC at its nvcc (or set CUDA_PATH), or use NVRTC "
