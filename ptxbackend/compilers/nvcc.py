@@ -31,12 +31,8 @@ _ARCH_LINE_RE = re.compile(r"^(compute|sm)_(\d+)$")
 _OUTPUT_FLAG = {"ptx": "--ptx", "cubin": "--cubin", "fatbin": "--fatbin"}
 
 
-_DEFAULT_TOOLKIT = "/usr/local/cuda"
-
-
 def find_nvcc(explicit=None):
-    """Locate nvcc: ``explicit``, then ``PTXBACKEND_NVCC``, ``CUDA_PATH``, ``CUDA_HOME``, PATH,
-    ``/usr/local/cuda``.
+    """Locate nvcc: ``explicit``, then ``PTXBACKEND_NVCC``, ``CUDA_PATH``, ``CUDA_HOME``, PATH.
 
     ``explicit`` and ``PTXBACKEND_NVCC`` may name the program or a toolkit
     directory.  Raises :class:`CompilerNotFoundError` saying where it looked.
@@ -68,11 +64,6 @@ def find_nvcc(explicit=None):
     looked.append("PATH")
     if found:
         return found
-    # Where the toolkit installers put it and CuPy looks last; often not on a service's PATH.
-    candidate = os.path.join(_DEFAULT_TOOLKIT, "bin", "nvcc")
-    looked.append(candidate)
-    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-        return candidate
     raise CompilerNotFoundError(
         "nvcc not found (looked in: %s). Install a CUDA toolkit, or point "
         "PTXBACKEND_NVCC at its nvcc (or set CUDA_PATH), or use NVRTC "
