@@ -186,6 +186,9 @@ CASES = [
     (["cache", "prune"], {"PTXBACKEND_CACHE_MAX_SIZE": "0.5"}),
     (["cache", "prune"], {"PTXBACKEND_CONFIG": "{t}/half-byte.ini"}),
     (["cache", "prune", "--max-size", "0.0001K"], {}),
+    # wrong success: a blank --cache-dir is refused as PTXBACKEND_CACHE_DIR is ('' is not "the default")
+    (["cache", "info", "--cache-dir", ""], {}),
+    (["cache", "verify", "--cache-dir", "   "], {}),
 ] + [(["warm", "{t}/%s.jsonl" % name], {}) for name in sorted(MANIFESTS)]
 
 # Where the message must name the thing that is wrong.
@@ -221,6 +224,8 @@ SAYS = {
     "cache prune PTXBACKEND_CACHE_MAX_SIZE=0.5": "fraction of a byte",
     "cache prune PTXBACKEND_CONFIG={t}/half-byte.ini": "fraction of a byte",
     "cache prune --max-size 0.0001K": "less than one byte",
+    "cache info --cache-dir ": "only spaces",
+    "cache verify --cache-dir    ": "only spaces",
 }
 
 

@@ -28,7 +28,12 @@ def _openssl(*args, **kwargs):
 def _make_ca(directory, name):
     key, pem = os.path.join(directory, name + ".key"), os.path.join(directory, name + ".pem")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", pem, "-days", "2",
-             "-subj", "/CN=%s" % name)
+             "-subj", "/CN=%s" % name,
+             # Python 3.13's default context verifies strictly (VERIFY_X509_STRICT): a CA without these
+             # extensions is refused, so the test CA must look like a real one.
+             "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             "-addext", "subjectKeyIdentifier=hash")
     return key, pem
 
 
@@ -42,7 +47,11 @@ def pki(tmp_path_factory):
     key, csr, pem = (os.path.join(directory, "server" + suffix) for suffix in (".key", ".csr", ".pem"))
     extensions = os.path.join(directory, "san.cnf")
     with open(extensions, "w") as handle:
-        handle.write("subjectAltName=DNS:localhost\n")
+        handle.write("subjectAltName=DNS:localhost\n"
+                     "authorityKeyIdentifier=keyid,issuer\n"
+                     "basicConstraints=CA:FALSE\n"
+                     "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                     "extendedKeyUsage=serverAuth\n")
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=localhost")
     _openssl("x509", "-req", "-in", csr, "-CA", ca_pem, "-CAkey", ca_key, "-CAcreateserial", "-out", pem,
              "-days", "2", "-extfile", extensions)

@@ -385,6 +385,14 @@ def _jobs(text):
     return value
 
 
+def _cache_dir_argument(text):
+    # Refused as PTXBACKEND_CACHE_DIR refuses it: '' would silently mean the default, '   ' a folder of spaces.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty or only spaces: name a directory, or leave --cache-dir out for "
+                                         "the default")
+    return text
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="ptxbackend",
@@ -418,7 +426,7 @@ def build_parser():
     cache.add_argument("--force", action="store_true", help="export: replace an existing FILE")
     cache.add_argument("--from-fleet", action="store_true",
                        help="import: this machine's driver JIT set (driver build, GPU model) from the fleet store")
-    cache.add_argument("--cache-dir", help="cache directory (PTXBACKEND_CACHE_DIR)")
+    cache.add_argument("--cache-dir", type=_cache_dir_argument, help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
     cache.add_argument("--max-size", help="prune: size limit, e.g. 500M; 0 is no limit (default "
                        "PTXBACKEND_CACHE_MAX_SIZE)")

@@ -38,9 +38,13 @@ def find_nvcc(explicit=None):
     directory.  Raises :class:`CompilerNotFoundError` saying where it looked.
     """
     looked = []
-    for origin, value in (("argument", explicit), (NVCC_ENV, os.environ.get(NVCC_ENV))):
+    from_env = os.environ.get(NVCC_ENV)
+    for origin, value in (("argument", explicit), (NVCC_ENV, from_env)):
         if not value:
             continue
+        if value == from_env:
+            # Settings hand the variable's value down as ``explicit``: name where the user set it.
+            origin = "the environment (%s)" % NVCC_ENV
         for candidate in (value, os.path.join(value, "bin", "nvcc"), os.path.join(value, "nvcc")):
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
                 return candidate

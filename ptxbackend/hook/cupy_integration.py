@@ -12,8 +12,9 @@ The replacement builds for ptxbackend's target instead of the ``arch`` CuPy
 passes and returns CuPy's own ``function.Module``.  Calls needing something
 ptxbackend does not do (jitify, name expressions, relocatable device code, a
 compiler log, LTO IR, HIP) go to CuPy's original function, and so does any call
-ptxbackend fails to serve, except for a ptxbackend configuration error: a
-kernel stock CuPy would have run must still run.  Where CuPy 9+ would build
+ptxbackend fails to serve: a kernel stock CuPy would have run must still run.
+A ptxbackend configuration error is one warning, and CuPy's own function then
+serves every call of that process.  Where CuPy 9+ would build
 such a kernel as SASS the GPU cannot run, it is switched to PTX first.
 
 Importing this module never imports CuPy.
@@ -246,8 +247,12 @@ def _source_digest(args, kwargs):
     return hashlib.sha256(source).hexdigest() if isinstance(source, bytes) else "?"
 
 
+# The configuration error that turned ptxbackend off for this process (empty while none has).
+_config_problem = []
+
+
 def _is_configuration_error(exc):
-    # A bad PTXBACKEND_* value or an impossible target is the user's to fix, not to hide.
+    # A bad PTXBACKEND_* value or an impossible target: the user's to fix, reported once, never raised.
     return isinstance(exc, (TargetError, ConfigError))
 
 
@@ -302,11 +307,21 @@ def _make_replacement(compiler_module, gen, original):
                           _source_digest(args, kwargs))
             _let_cupy_build_runnable_code(compiler_module)
             return original(*args, **kwargs)
+        if _config_problem:
+            _let_cupy_build_runnable_code(compiler_module)
+            return original(*args, **kwargs)
         try:
             return _serve(compiler_module, gen, call)
         except Exception as exc:
             if _is_configuration_error(exc):
-                raise
+                # A kernel launch is no place for a settings error: say it once on stderr and let
+                # CuPy build every kernel of this process, as it would without ptxbackend.
+                _config_problem.append(exc)
+                log.warning("ptxbackend: configuration problem: %s; CuPy's own compiler builds every kernel "
+                            "of this process (fix the setting and restart)",
+                            (str(exc).strip().splitlines() or [""])[0])
+                _let_cupy_build_runnable_code(compiler_module)
+                return original(*args, **kwargs)
             first = (str(exc).strip().splitlines() or [""])[0]
             log.debug("ptxbackend: could not serve a CuPy kernel: %s: %s", type(exc).__name__, exc)
             if (type(exc).__name__, first) not in _warned:
