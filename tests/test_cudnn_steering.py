@@ -352,3 +352,13 @@ def test_steering_decision_fuzzed():
         else:
             assert got == picked and steer.counts == {(direction, dtype, picked, None): 1}
     check()
+
+
+def test_the_device_is_named_by_major_and_minor(monkeypatch):
+    # the driver gives 90 for 9.0: verdict files and the steering both name the GPU [9, 0]
+    from ptxbackend.gpu import cudnn_algos, driver
+    monkeypatch.setattr(driver, "current_device", lambda: 0)
+    monkeypatch.setattr(driver, "device_name", lambda ordinal=0: "NVIDIA H200")
+    monkeypatch.setattr(driver, "compute_capability", lambda ordinal=0: 90)
+    assert cudnn_algos.device_identity() == {"name": "NVIDIA H200", "cc": [9, 0]}
+    assert cudnn_algos.device_identity(0)["cc"] == [9, 0]

@@ -231,7 +231,7 @@ def run(path, directions=None, algos=None):
                     "unsupported": len(record["unsupported"]), "wrong": record["wrong"], "failed": record["failed"]}
     ordinal = driver.current_device()
     return {"library": path, "cudnn_version": int(cu.lib.cudnnGetVersion()),
-            "device": {"name": driver.device_name(ordinal), "cc": list(driver.compute_capability(ordinal))},
+            "device": cudnn_algos.device_identity(ordinal),
             "driver": driver.driver_build(), "verdicts": verdicts, "heuristic": heuristic,
             "cases": [c[0] for c in CASES], "seconds": round(time.perf_counter() - started, 3)}
 

@@ -239,3 +239,11 @@ class Steering(object):
                 direction, dtype, algo, algo_name(direction, algo))
         self.counts[key] = self.counts.get(key, 0) + 1
         return algo
+
+
+def device_identity(ordinal=None):
+    """The current GPU as verdict files name it: ``{"name": "NVIDIA H200", "cc": [9, 0]}``."""
+    from . import driver
+    if ordinal is None:
+        ordinal = driver.current_device()
+    return {"name": driver.device_name(ordinal), "cc": list(divmod(driver.compute_capability(ordinal), 10))}

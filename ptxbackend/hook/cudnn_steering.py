@@ -56,9 +56,7 @@ def loaded_library():
 
 
 def _device_identity():
-    from ..gpu import driver
-    ordinal = driver.current_device()
-    return {"name": driver.device_name(ordinal), "cc": list(driver.compute_capability(ordinal))}
+    return cudnn_algos.device_identity()
 
 
 def _meta_dir():
