@@ -3,10 +3,12 @@ the bytes a fresh compile in an empty cache gives.
 
 Hypothesis draws an include tree (three ``-I`` directories, the last ``-isystem`` for nvcc, one of them
 missing behind directories yet to be made; ``val.cuh`` in each as a definition, an ``#include_next``,
-an ``#include "../common/b.cuh"`` leaving the tree, or a symbolic link to a file elsewhere; a
+an ``#include "../common/b.cuh"`` leaving the tree, a symbolic link to a file elsewhere, or
+``#include "lib/a.cuh"`` through a directory link to one of two libraries whose ``a.cuh`` match and
+whose quoted ``b.cuh`` differ; a
 ``__has_include`` of ``extra.cuh``; a forced ``-include``; a hard link to ``common/b.cuh`` in a directory
 nobody searches; an options file for nvcc) and a sequence of operations (edit in place, atomic rename
-keeping mtime and size, create or delete a shadowing header, retarget a link, ``mkdir`` on the way to
+keeping mtime and size, create or delete a shadowing header, retarget a link to a file or a directory, ``mkdir`` on the way to
 the missing directory, edit through the hard link, a failing compile in between).  Each sequence runs
 with NVRTC 13.5's precompiled headers on or off, and either in one long-lived process or with the
 process's memory dropped before each cached compile (what a new process sees); at the end of each
@@ -47,7 +49,7 @@ extern "C" __global__ void k(float* y) { y[0] = VAL + EXTRA * 10.0f + FORCED * 1
 BROKEN = SOURCE.replace("y[0] =", "y[0] = oops +")
 
 DIRS = ("I0", "I1", "I2")
-KINDS = ("define", "next", "dotdot", "link")
+KINDS = ("define", "next", "dotdot", "link", "dirlink")
 
 tree_strategy = st.fixed_dictionaries({
     "val": st.tuples(*[st.sampled_from(("none",) + KINDS)] * 3),
@@ -63,6 +65,7 @@ op_strategy = st.one_of(
     st.tuples(st.just("delete"), st.sampled_from(DIRS)),
     st.tuples(st.just("retarget"), st.sampled_from(DIRS), st.integers(1, 3)),
     st.tuples(st.just("mkdir"), st.integers(1, 3)),
+    st.tuples(st.just("retarget_dir"), st.sampled_from(DIRS), st.integers(1, 2)),
     st.tuples(st.just("edit_common"), st.integers(1, 9)),
     st.tuples(st.just("atomic_common"), st.integers(1, 9)),
     st.tuples(st.just("edit_hard_link"), st.integers(1, 9)),
@@ -88,6 +91,12 @@ class Tree(object):
         for index in (1, 2, 3):
             self.write(self.path("real", "v%d.cuh" % index), _define(index))
         self.write(self.path("common", "b.cuh"), _define(5))
+        # Two libraries with the same a.cuh and different quoted neighbours, reached through a
+        # directory link: only re-resolving the link tells which b.cuh the compiler reads.
+        for name, digit in (("one", 6), ("two", 7)):
+            os.makedirs(self.path("libs", name))
+            self.write(self.path("libs", name, "a.cuh"), '#include "b.cuh"\n')
+            self.write(self.path("libs", name, "b.cuh"), _define(digit))
         os.link(self.path("common", "b.cuh"), self.path("elsewhere", "b.cuh"))
         self.write(self.path("forced.cuh"), "#define FORCED 1\n")
         for directory, kind, digit in zip(DIRS, spec["val"], spec["digits"]):
@@ -142,14 +151,22 @@ class Tree(object):
         elif kind == "dotdot":
             self.write(path, '#include "../common/b.cuh"\n' if directory != self.missing
                        else '#include "../../../common/b.cuh"\n')
+        elif kind == "dirlink":
+            self.write(path, '#include "lib/a.cuh"\n')
+            if not os.path.lexists(os.path.join(self.dir(directory), "lib")):
+                self.link_dir(directory, 1 + digit % 2)
         else:
             os.symlink(os.path.join(os.path.relpath(self.path("real"), self.dir(directory)),
                                     "v%d.cuh" % (digit % 3 + 1)), path)
 
+    def link_dir(self, directory, which):
+        os.symlink(os.path.relpath(self.path("libs", ("one", "two")[which - 1]), self.dir(directory)),
+                   os.path.join(self.dir(directory), "lib"))
+
     def apply(self, op):
         """Do ``op``; ``True`` when it was a failing compile (the caller runs it)."""
         name, args = op[0], op[1:]
-        if name in ("edit", "atomic", "create", "delete", "retarget", "extra") and args[0] \
+        if name in ("edit", "atomic", "create", "delete", "retarget", "retarget_dir", "extra") and args[0] \
                 and not os.path.isdir(self.dir(args[0])):
             return False  # the directory is still missing: nothing to do
         if name == "edit" or name == "atomic":
@@ -168,6 +185,11 @@ class Tree(object):
             if os.path.lexists(path):
                 os.unlink(path)
             self.create(args[0], "link", args[1] - 1)
+        elif name == "retarget_dir":
+            path = os.path.join(self.dir(args[0]), "lib")
+            if os.path.lexists(path):
+                os.unlink(path)
+                self.link_dir(args[0], args[1])
         elif name == "mkdir":
             if self.missing:
                 target = [self.path("m"), self.path("m", "n"), self.dir(self.missing)][args[0] - 1]

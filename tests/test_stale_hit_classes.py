@@ -152,3 +152,21 @@ def test_retargeting_a_link_in_the_middle_of_a_chain_is_seen_by_a_long_lived_pro
     os.rename(str(tmp_path / "mid" / "val.cuh"), str(tmp_path / "mid" / "old.cuh"))
     os.symlink(str(tmp_path / "real" / "two.cuh"), str(tmp_path / "mid" / "val.cuh"))
     assert value(here(compiler, source, options)) == 2.0
+
+
+def test_retargeting_a_directory_link_to_an_identical_header_with_a_different_sibling_is_seen_by_a_new_process(
+        compiler, tmp_path):
+    # The chain is not stored link by link: the set records the spelt path and what it resolves to
+    # today.  This pins that a retarget whose new target has the same bytes, but whose quoted
+    # neighbour differs, still misses in a process that never watched the link.
+    for name, val in (("one", "1.0f"), ("two", "2.0f")):
+        write(tmp_path / name / "a.cuh", '#include "b.cuh"\n')
+        write(tmp_path / name / "b.cuh", "#define VAL %s\n" % val)
+    (tmp_path / "inc").mkdir()
+    os.symlink(str(tmp_path / "one"), str(tmp_path / "inc" / "lib"))
+    source, options = '#include <lib/a.cuh>\n' + KERNEL, ["-I", str(tmp_path / "inc")]
+    assert value(here(compiler, source, options)) == 1.0
+    os.rename(str(tmp_path / "inc" / "lib"), str(tmp_path / "inc" / "old"))
+    os.symlink(str(tmp_path / "two"), str(tmp_path / "inc" / "lib"))
+    assert new_process(compiler, source, options) == 2.0
+    assert value(here(compiler, source, options)) == 2.0
