@@ -56,16 +56,19 @@ def open_input(path, what, limit=None):
         raise UserFileError("%s %s %s" % (what, path, _why(exc)))
     try:
         st = os.fstat(fd)
-        if not stat_module.S_ISREG(st.st_mode):
-            raise UserFileError("%s %s is %s: name a regular file" % (what, path, _kind(st.st_mode)))
-        if limit is not None and st.st_size > limit:
-            raise UserFileError("%s %s is %d bytes, more than the %d a %s may have" % (
-                what, path, st.st_size, limit, what))
+        _check_kind_and_size(st, path, what, limit)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
 
+
+def _check_kind_and_size(st, path, what, limit):
+    if not stat_module.S_ISREG(st.st_mode):
+        raise UserFileError("%s %s is %s: name a regular file" % (what, path, _kind(st.st_mode)))
+    if limit is not None and st.st_size > limit:
+        raise UserFileError("%s %s is %d bytes, more than the %d a %s may have" % (
+            what, path, st.st_size, limit, what))
 
 def open_trusted_input(path, what, limit, remedy_verb):
     """:func:`open_input` for a file whose content decides what runs or is filed (a ``warm``
@@ -86,8 +89,7 @@ def open_trusted_input(path, what, limit, remedy_verb):
         raise UserFileError("%s %s %s" % (what, path, _why(exc)))
     try:
         st = os.fstat(fd)
-        if not stat_module.S_ISREG(st.st_mode):
-            raise UserFileError("%s %s is %s: name a regular file" % (what, path, _kind(st.st_mode)))
+        _check_kind_and_size(st, path, what, None)
         if hasattr(os, "getuid") and st.st_uid not in (os.getuid(), 0):
             raise UserFileError("%s %s belongs to uid %d, not to you (uid %d) or root: another user could "
                                 "choose what it makes ptxbackend %s; copy it to a file of your own and "
@@ -95,9 +97,7 @@ def open_trusted_input(path, what, limit, remedy_verb):
         if st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH):
             raise UserFileError("%s %s is writable by group or others (mode %o): another user could add to "
                                 "it; run: chmod go-w %s" % (what, path, st.st_mode & 0o777, path))
-        if limit is not None and st.st_size > limit:
-            raise UserFileError("%s %s is %d bytes, more than the %d a %s may have" % (
-                what, path, st.st_size, limit, what))
+        _check_kind_and_size(st, path, what, limit)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
