@@ -72,10 +72,27 @@ def file_directories(path):
         if not os.path.islink(current):
             break
         current = os.path.join(os.path.dirname(current), os.readlink(current))
-    real = os.path.dirname(os.path.realpath(path))
+    if len(found) == 1:
+        # The file is no link: its real directory is its directory's, shared by every header there
+        # (CuPy's headers: hundreds in a few directories), so resolved once per directory.
+        real = _real_directory(found[0])
+    else:
+        real = os.path.dirname(os.path.realpath(path))
     if real not in found:
         found.append(real)
     return found
+
+
+def _real_directory(directory):
+    found = _real_directory_memo.get(directory)
+    if found is None:
+        if len(_real_directory_memo) >= 4096:
+            _real_directory_memo.clear()
+        found = _real_directory_memo[directory] = os.path.realpath(directory)
+    return found
+
+
+_real_directory_memo = {}
 
 
 def link_parents(directories):
