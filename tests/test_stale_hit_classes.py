@@ -113,6 +113,21 @@ def test_include_next_records_the_directories_after_the_includer_that_must_stay_
     assert value(here(compiler, source, options)) == 2.0
 
 
+def test_a_header_reached_by_include_next_through_a_symbolic_link_is_recorded(compiler, tmp_path):
+    # NVRTC reports the open in the link target's directory; the include scan that fills that gap
+    # has to follow #include_next too, or the header is in no set (found by the stale-hit fuzzer).
+    write(tmp_path / "A" / "val.cuh", "#include_next <val.cuh>\n")
+    write(tmp_path / "real" / "v.cuh", "#define VAL 1.0f\n")
+    (tmp_path / "B").mkdir()
+    os.symlink(os.path.join("..", "real", "v.cuh"), str(tmp_path / "B" / "val.cuh"))
+    source = '#include <val.cuh>\n' + KERNEL
+    options = ["-I", str(tmp_path / "A"), "-I", str(tmp_path / "B")]
+    assert value(here(compiler, source, options)) == 1.0
+    edit_in_place(tmp_path / "real" / "v.cuh", "#define VAL 2.0f\n")
+    assert value(here(compiler, source, options)) == 2.0
+    assert new_process(compiler, source, options) == 2.0
+
+
 def test_an_edit_through_a_hard_link_elsewhere_is_seen_by_a_long_lived_process(compiler, tmp_path):
     write(tmp_path / "inc" / "val.cuh", "#define VAL 1.0f\n")
     (tmp_path / "elsewhere").mkdir()

@@ -25,10 +25,27 @@ UNKNOWN_READS = "\0unknown reads: "
 #: The most directories one compile watches; beyond, the include scan's list is used.
 WATCH_LIMIT = 8192
 
-_INCLUDE_RE = re.compile(br'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
+_INCLUDE_RE = re.compile(br'^[ \t]*#[ \t]*include(_next)?[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
+_NEXT = b"next"
 _lock = threading.Lock()
 _includes_of = {}  # (path, size, mtime_ns, ctime_ns, ino, dev) -> the (quote, name) pairs it holds
 _MEMO_LIMIT = 16384
+
+
+def _directives(text):
+    """The (kind, name) pairs of ``text``'s includes; kind is ``<``, ``"`` or, for ``#include_next``,
+    :data:`_NEXT` (searched in the include directories after the includer's own)."""
+    return [(_NEXT if following else quote, name) for following, quote, name in _INCLUDE_RE.findall(text)]
+
+
+def _after(directory, include_dirs):
+    """The include directories ``#include_next`` searches from a file in ``directory``: those after it,
+    or all of them when it is none of them (as GCC does)."""
+    wanted = os.path.normpath(os.path.abspath(directory)) if directory else None
+    for index, candidate in enumerate(include_dirs):
+        if wanted is not None and os.path.normpath(os.path.abspath(candidate)) == wanted:
+            return list(include_dirs[index + 1:])
+    return list(include_dirs)
 
 
 def _names_in(path):
@@ -39,7 +56,7 @@ def _names_in(path):
     marker = (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     found = _includes_of.get(marker)
     if found is None:
-        found = _INCLUDE_RE.findall(read_regular(path)[0])
+        found = _directives(read_regular(path)[0])
         with _lock:
             if len(_includes_of) >= _MEMO_LIMIT:
                 _includes_of.clear()
@@ -62,7 +79,7 @@ def scan_includes(source, include_dirs, pre_includes=(), source_dir=None, recurs
     if not isinstance(source, bytes):
         source = source.encode("utf-8", "surrogateescape")
     found, seen = [], set()
-    pending = [(_INCLUDE_RE.findall(source), source_dir)]
+    pending = [(_directives(source), source_dir)]
     for path in pre_includes:
         if path not in seen and os.path.exists(path):
             seen.add(path)
@@ -72,8 +89,12 @@ def scan_includes(source, include_dirs, pre_includes=(), source_dir=None, recurs
         names, where = pending.pop()
         for quote, name in names:
             name = name.decode("utf-8", "surrogateescape").strip()
-            candidates = [name] if os.path.isabs(name) else (
-                ([where] if quote == b'"' and where else []) + list(include_dirs))
+            if os.path.isabs(name):
+                candidates = [name]
+            elif quote == _NEXT:
+                candidates = _after(where, include_dirs)
+            else:
+                candidates = ([where] if quote == b'"' and where else []) + list(include_dirs)
             for directory in candidates:
                 path = os.path.normpath(name if os.path.isabs(name) else os.path.join(directory, name))
                 try:
@@ -126,7 +147,7 @@ def unrecorded_reads(source, include_dirs, pre_includes, source_dir, opened, wat
         real = os.path.dirname(os.path.realpath(path))
         return [here] if real == os.path.abspath(here) else [here, real]
 
-    pending = [(_INCLUDE_RE.findall(source), [source_dir] if source_dir else [])]
+    pending = [(_directives(source), [source_dir] if source_dir else [])]
     for path in list(pre_includes) + list(recorded):
         if os.path.isfile(path):
             visited.add(os.path.normpath(path))
@@ -140,6 +161,8 @@ def unrecorded_reads(source, include_dirs, pre_includes, source_dir, opened, wat
             name = name.decode("utf-8", "surrogateescape").strip()
             if os.path.isabs(name):
                 candidates = [name]
+            elif quote == _NEXT:
+                candidates = [os.path.join(d, name) for d in _after(wheres[0] if wheres else None, include_dirs)]
             else:
                 candidates = [os.path.join(d, name) for d in ((wheres if quote == b'"' else []) + list(include_dirs))]
             for candidate in candidates:
