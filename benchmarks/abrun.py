@@ -263,8 +263,10 @@ def tree_info(name, path, needs=(), **fields):
     """
     path = os.path.abspath(path)
     for need in _TREE_NEEDS + tuple(needs):
-        if not os.path.isfile(os.path.join(path, need)):
-            raise SystemExit("--tree %s=%s: no %s there (give a ptxbackend source tree)" % (name, path, need))
+        choices = need if isinstance(need, tuple) else (need,)  # a tuple: either layout's file will do
+        if not any(os.path.isfile(os.path.join(path, one)) for one in choices):
+            raise SystemExit("--tree %s=%s: no %s there (give a ptxbackend source tree)"
+                             % (name, path, " or ".join(choices)))
     info = {"name": name, "dir": path}
     info.update(fields)
     for source in ("_version.py", "__init__.py"):  # 0.2.0 has no _version.py
