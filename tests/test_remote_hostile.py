@@ -20,7 +20,8 @@ import pytest
 import valkey_server
 from conftest import REPO
 from fake_resp import FakeServer, bulk
-from ptxbackend.cache import remote
+from ptxbackend.cache import remote, resp, workingset
+from ptxbackend.cache.resp import ReplyError
 from ptxbackend.cache.remote import RemoteStore, open_remote, seal
 from test_remote_store import ENTRY, KEY32, Settings, _assert_off, private_file
 from test_remote_store import fleet_key, logged, namespace  # noqa: F401  (fixtures, shared)
@@ -286,6 +287,22 @@ def _documented_acl():
     return lines
 
 
+#: What the documented line-PC user may run, and nothing else: no write, no EXPIRE, no script of its own.
+LINE_PC_COMMANDS = {"getrange", "zrevrange", "fcall_ro", "ping"}
+
+
+def _dry_run(admin, user, command, key):
+    """What the server says ``user`` may do with ``command`` (ACL DRYRUN: nothing runs), with as many
+    arguments as the command's arity needs (a key of the namespace first)."""
+    for count in range(0, 8):
+        reply = admin.results(("ACL", "DRYRUN", user, command) + (key,) * min(count, 1)
+                              + ("1",) * max(0, count - 1))[0]
+        if isinstance(reply, ReplyError) and "wrong number of arguments" in str(reply):
+            continue
+        return reply
+    return None
+
+
 def test_the_documented_acl_lets_a_line_pc_read_and_nothing_else(valkey, redis_module, namespace, fleet_key):
     admin = redis_module.Redis.from_url(valkey.url)
     users = {"line-pc": "lp-" + uuid.uuid4().hex, "build-box": "bb-" + uuid.uuid4().hex}
@@ -302,29 +319,48 @@ def test_the_documented_acl_lets_a_line_pc_read_and_nothing_else(valkey, redis_m
         build_box = RemoteStore(url("build-box"), fleet_key, namespace=namespace, timeout=5.0, ttl=60)
         with build_box.lock(ENTRY, 1) as held:
             assert held is True
-            build_box.put(ENTRY, b"kernel")
+            build_box.put(ENTRY, b"kernel")  # loads the working set's functions, as a build box does
         assert build_box.list() == [ENTRY] and build_box.ping() and build_box.state == "ok"
 
         other = ENTRY.replace("/ab/" + "ab" * 32, "/cd/" + "cd" * 32)
-        build_box.put(other, b"other kernel")  # recorded in the working set (ZADD) by the build box
+        build_box.put(other, b"other kernel")  # recorded in the working set (FCALL) by the build box
         line_pc = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="ro", ttl=60)
         assert line_pc.get(ENTRY) == b"kernel" and line_pc.ping() and line_pc.state == "ok"
-        assert line_pc.prefetched == 1 and line_pc.get(other) == b"other kernel"  # the working set, by EVAL
+        # The working set came in the lookup's own round trip, through FCALL_RO.
+        assert line_pc.prefetched == 1 and line_pc.get(other) == b"other kernel" and line_pc.requests == 2
 
         # The same user with a store set to rw by mistake: the server refuses every write and lock.
-        misused = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="rw")
+        misused = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="rw", ttl=60)
         misused.put(ENTRY, b"forged")
         misused.delete(ENTRY)
         with misused.lock(ENTRY, 1) as held:
             assert held is False
         assert misused.get(ENTRY) == b"kernel" and misused.state == "ok"
-        raw = redis_module.Redis.from_url(url("line-pc"))
-        for attempt in (lambda: raw.set(build_box.lock_key(ENTRY), b"x", nx=True, px=1000),
-                        lambda: raw.set(build_box.redis_key(ENTRY), b"x"),
-                        lambda: raw.delete(build_box.redis_key(ENTRY))):
-            with pytest.raises(redis_module.exceptions.ResponseError, match="NOPERM|permission"):
-                attempt()
+        raw = resp.Client(resp.Endpoint(url("line-pc")), 5.0, 1 << 20)
+        value_key, set_key = build_box.redis_key(ENTRY), namespace + ":ws:v4/nvcc-13.0.88/compute_75"
+        for attempt in (("SET", build_box.lock_key(ENTRY), "x", "NX", "PX", 1000), ("SET", value_key, "x"),
+                        ("DEL", value_key), ("EXPIRE", value_key, 0), ("EXPIRE", set_key, 0),
+                        ("EVAL", "while true do end", 0), ("EVAL_RO", "return 1", 0),
+                        ("SCRIPT", "LOAD", "return 1"),
+                        ("FUNCTION", "LOAD", "#!lua name=evil\nredis.register_function('evil', function() end)"),
+                        ("FCALL", workingset.TOUCH_FUNCTION, 1, set_key, 1, 4096, "x"),
+                        ("ZADD", set_key, 1, "x"), ("CONFIG", "SET", "maxmemory", "1")):
+            reply = raw.results(attempt)[0]
+            assert isinstance(reply, ReplyError) and "NOPERM" in str(reply), (attempt, reply)
         raw.close()
+        assert admin.pttl(value_key) > 0 and admin.get(value_key) is not None  # all still there
+
+        # Every command the server knows, asked of the server itself: the line PC may run these four.
+        checker = resp.Client(resp.Endpoint(valkey.url), 5.0, 1 << 20)
+        allowed = set()
+        for command in checker.execute(("COMMAND", "LIST"))[0]:
+            reply = _dry_run(checker, names["line-pc"], command, value_key)
+            if reply == b"OK":
+                allowed.add(command.decode().lower())
+        checker.close()
+        # (AUTH, HELLO, QUIT and RESET: every connection's own, which no ACL takes away.)
+        assert allowed <= LINE_PC_COMMANDS | {"auth", "hello", "quit", "reset"}, allowed - LINE_PC_COMMANDS
+        assert LINE_PC_COMMANDS - {"ping"} <= allowed
     finally:
         for name in names.values():
             admin.execute_command("ACL", "DELUSER", name)

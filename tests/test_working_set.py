@@ -127,7 +127,7 @@ def test_the_fetch_is_bounded_in_count_and_bytes_whatever_the_server_sends(fleet
     names = [name_of(i) for i in range(10)]
 
     def answer(command):
-        if command[0] == b"EVAL":
+        if command[0] == b"FCALL_RO":
             items = []
             for name in names:
                 redis_key = ("ptxbackend:v4/" + name).encode()
@@ -151,7 +151,7 @@ def test_the_fetch_is_bounded_in_count_and_bytes_whatever_the_server_sends(fleet
 @pytest.mark.parametrize("reply", [b"$3\r\nabc\r\n", b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n", b":7\r\n",
                                    b"-NOSCRIPT no scripts here\r\n"])
 def test_a_working_set_reply_of_the_wrong_shape_is_no_working_set(reply, fleet_key, logged):
-    with FakeServer(lambda command: reply if command[0] == b"EVAL" else b"$0\r\n\r\n") as server:
+    with FakeServer(lambda command: reply if command[0] == b"FCALL_RO" else b"$0\r\n\r\n") as server:
         store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
         assert store.get(name_of(1)) is None
         assert store.prefetched == 0 and store.state == "ok"
@@ -162,7 +162,7 @@ def test_names_of_no_layout_are_not_kept_even_when_their_values_verify(fleet_key
     odd = ["../../%s" % name_of(2), "x:y/%s" % name_of(3), name_of(4) + "/" + "a" * 400]
 
     def answer(command):
-        if command[0] != b"EVAL":
+        if command[0] != b"FCALL_RO":
             return b"$0\r\n\r\n"
         items = []
         for name in odd + [name_of(5)]:
