@@ -358,6 +358,14 @@ def test_the_documented_acl_lets_a_line_pc_read_and_nothing_else(valkey, redis_m
             if reply == b"OK":
                 allowed.add(command.decode().lower())
         checker.close()
+        # Each layer alone, as the server states the user's rules: only these commands, only reading keys.
+        rules = admin.acl_getuser(names["line-pc"])
+
+        def words(field):  # redis-py 4 gives one string, later ones a list
+            return field.split() if isinstance(field, str) else list(field)
+        granted = set(word[1:] for word in words(rules["commands"]) if word.startswith("+"))
+        assert granted == LINE_PC_COMMANDS and not rules.get("selectors"), rules
+        assert rules["keys"] and all(pattern.startswith("%R~") for pattern in words(rules["keys"])), rules
         # (AUTH, HELLO, QUIT and RESET: every connection's own, which no ACL takes away.)
         assert allowed <= LINE_PC_COMMANDS | {"auth", "hello", "quit", "reset"}, allowed - LINE_PC_COMMANDS
         assert LINE_PC_COMMANDS - {"ping"} <= allowed
