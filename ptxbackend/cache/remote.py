@@ -139,7 +139,7 @@ def redact_url(url):
     ``/`` cannot leak a piece of itself, and a URL that does not parse is not echoed at all.
     """
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(resp.normalize_url(url))
         host = parts.hostname or ""
         port = parts.port
         user = parts.username
@@ -195,7 +195,7 @@ def _write_refused(exc):
 
 def _string(reply):
     """``reply`` if it is a string (bytes); a hostile server's integer or array is a fault."""
-    if not isinstance(reply, bytes):
+    if not isinstance(reply, (bytes, bytearray)):  # bytearray: a large value (resp.BIG_BULK)
         raise resp.Fault("the server answered %s where a string was expected" % type(reply).__name__)
     return reply
 
@@ -238,6 +238,7 @@ class RemoteStore(Store):
                              "and '-' (at most 64)" % (namespace,))
         if not timeout or timeout <= 0:
             raise ValueError("the fleet store timeout must be a positive number of seconds, not %r" % (timeout,))
+        url = resp.normalize_url(url)  # a raw '/', '?' or '#' in the password: still the password
         self._url, self._cluster = _split_cluster(url)
         self._endpoint = resp.Endpoint(url, password)  # refuses query arguments that loosen anything
         self._key = key
@@ -613,8 +614,12 @@ class RemoteStore(Store):
         return found
 
     def _verify(self, level, redis_key, raw, count_hit=True):
-        """The blob inside ``raw`` (what GETRANGE sent for ``redis_key``) if it authenticates, else ``None``."""
-        if not isinstance(raw, bytes):
+        """The blob inside ``raw`` (what GETRANGE sent for ``redis_key``) if it authenticates, else ``None``.
+
+        A large value arrives as a ``bytearray`` (:data:`.resp.BIG_BULK`) and is handed on as one,
+        its header cut off in place: no second copy of a value that may be 256 MiB.
+        """
+        if not isinstance(raw, (bytes, bytearray)):
             self._reject(level, redis_key, "the server sent something else than a value")
             return None
         if not raw:  # GETRANGE answers b"" for an absent key
@@ -630,15 +635,20 @@ class RemoteStore(Store):
                                            "with")
             return None
         view = memoryview(raw)
-        blob = view[HEADER_SIZE:]
-        expected = _mac(self._key, redis_key.encode("utf-8"), blob)
-        if not hmac.compare_digest(expected, raw[len(MAGIC):HEADER_SIZE]):
+        try:
+            expected = _mac(self._key, redis_key.encode("utf-8"), view[HEADER_SIZE:])
+        finally:
+            view.release()
+        if not hmac.compare_digest(expected, bytes(raw[len(MAGIC):HEADER_SIZE])):
             self._reject(level, redis_key, "its authentication code does not match: the fleet key differs "
                                            "from the one that stored it, or the value was tampered with")
             return None
         if count_hit:
             self._bump(level, "hits")
-        return blob.tobytes()
+        if isinstance(raw, bytearray):
+            del raw[:HEADER_SIZE]  # in place: CPython moves the start, it copies nothing
+            return raw
+        return raw[HEADER_SIZE:]
 
     def put(self, name, blob, companions=()):
         """Store ``blob`` under ``name``; ``companions``: names a reader of ``name`` needs too (its
@@ -874,7 +884,7 @@ def open_remote(settings):
     ``reason`` is one sentence saying why the configured store cannot be used; the caller logs it and
     goes on with the local cache.  Nothing is sent to the server here.
     """
-    url = (getattr(settings, "remote", None) or "").strip()
+    url = resp.normalize_url((getattr(settings, "remote", None) or "").strip())
     if not url:
         return None, None
     try:

@@ -98,7 +98,7 @@ def pairs(reply):
     found, used = [], 0
     for index in range(0, len(reply), 2):
         name, raw = reply[index], reply[index + 1]
-        if not isinstance(raw, bytes) or not valid_name(name):
+        if not isinstance(raw, (bytes, bytearray)) or not valid_name(name):
             continue
         used += len(raw)
         if used > FETCH_BYTES or len(found) >= FETCH_COUNT:
