@@ -298,3 +298,23 @@ def test_without_the_library_the_working_set_comes_in_read_only_round_trips(own_
     assert line_pc.get("%s/%s/%s.ptx" % (other, key_of(0)[:2], key_of(0))) == b"x0"
     assert line_pc.requests - before == 2 and line_pc.prefetched == 21
     admin.close()
+
+
+def test_an_rw_machine_without_function_rights_still_records_its_uses(own_server, fleet_key):
+    """A build-box user without FUNCTION LOAD or FCALL (an ACL from before 0.5) on a server with no
+    library: the refused touch is sent again as plain ZADD, so the uses are not lost."""
+    admin = _admin(own_server)
+    admin.execute(("ACL", "SETUSER", "old-box", "on", ">old-box-password", "resetkeys", "~old:*", "-@all",
+                   "+getrange", "+ping", "+set", "+get", "+del", "+eval", "+scan", "+zadd",
+                   "+zremrangebyrank", "+zrevrange"))
+    url = "redis://old-box:old-box-password@127.0.0.1:%d/0" % own_server.port
+    box = RemoteStore(url, fleet_key, namespace="old", timeout=5.0)
+    blobs = seed(box, 5)
+    members = admin.execute(("ZRANGE", "old:ws:v4/" + PRODUCER_TARGET, 0, -1))[0]
+    assert sorted(m.decode() for m in members) == sorted(blobs)  # every upload recorded, the first included
+    assert box.state == "ok"
+    reader = RemoteStore(url, fleet_key, namespace="old", timeout=5.0)
+    for name in sorted(blobs):
+        assert reader.get(name) == blobs[name]
+    assert reader.prefetched == 4
+    admin.close()
