@@ -40,6 +40,11 @@ speed, because a fleet cache is a remote, shared, writable place:
   same pipeline (:mod:`.workingset`); each value authenticates before it is
   kept in memory, and a later lookup takes it from there.
 
+* **Read-only means read-only.**  A ``ro`` store sends reads only: no write, no
+  ``EXPIRE``, no script.  The working set comes through a server function an
+  ``rw`` machine loads (``FUNCTION LOAD``) and every machine calls with
+  ``FCALL_RO``, so a line PC's server user needs no script rights at all.
+
 Keys on the server are ``<namespace>:v<schema>/<name>`` for values and
 ``<namespace>:lock:v<schema>/<name>`` for the fleet-wide compile locks, so one server
 can hold several fleets and schema versions side by side.  Eviction is the
