@@ -318,3 +318,22 @@ def test_an_rw_machine_without_function_rights_still_records_its_uses(own_server
         assert reader.get(name) == blobs[name]
     assert reader.prefetched == 4
     admin.close()
+
+
+def test_a_large_value_read_into_its_own_buffer_passes_every_check_and_is_kept_locally(make_store, tmp_path):
+    """Values of 64 KiB and more arrive as one bytearray (resp.BIG_BULK): an entry of 3 MiB goes through
+    the working set and a single fetch, is decoded to bytes and written to the local cache."""
+    from ptxbackend.cache import resp
+    payload = os.urandom(3 << 20)
+    big = entry_format.encode(payload, {"key": key_of(1), "kind": "ptx"})
+    assert len(big) >= resp.BIG_BULK
+    writer = make_store()
+    writer.put(name_of(1), big)
+    writer.put(name_of(2), entry_format.encode(payload[:1 << 17], {"key": key_of(2), "kind": "ptx"}))
+    cache = EntryCache(DirectoryStore(str(tmp_path / "local"), 1 << 30, 5.0), make_store(mode="ro"))
+    found = cache.read(name_of(1), key_of(1), "ptx")  # a single fetch (its own value)
+    assert found is not None and isinstance(found[0], bytes) and found[0] == payload
+    found = cache.read(name_of(2), key_of(2), "ptx")  # from the working set, in memory
+    assert found is not None and found[0] == payload[:1 << 17] and cache.remote.requests == 1
+    cache.flush()
+    assert cache.local.get(name_of(1)) == big
