@@ -112,7 +112,7 @@ def _tree_040(tmp_path):
 
 def test_hit_suite_pairs_two_trees_compile_only(nvrtc12_pair, tmp_path):
     """The hit suite on a CPU box: 0.4.0's flat layout (or this tree) against this tree's packages, one
-    pair, NVRTC, every timed kernel a hit (hit_ab asserts it)."""
+    pair, NVRTC, every timed kernel a hit (ab_hit asserts it)."""
     before = _tree_040(tmp_path) or REPO
     out = tmp_path / "hit.json"
     env = dict(os.environ, PTXBACKEND_NVRTC=os.path.join(nvrtc12_pair[1], "libnvrtc.so.12"))
@@ -294,7 +294,7 @@ def _warm_results(benchutil, hit_us, compile_us, tree, host="box"):
 
 def test_compare_warm_judges_the_issue_budgets(bench_modules, tmp_path):
     benchutil, _ = bench_modules
-    import compare_warm
+    import ab_warm as compare_warm
     before = _warm_results(benchutil, {"pb_cubin": {"1": [300.0], "100": [180.0, 190.0, 200.0]},
                                        "pb_cubin_hdr": {"100": [185.0, 190.0, 195.0]}},
                            {"pb_cubin": {"1": [80.0], "100": [60.0]}, "pb_cubin_hdr": {"100": [62.0]}}, "a" * 40)
@@ -339,7 +339,7 @@ def test_cupy14_ab_summary_shows_the_collector_and_the_hook_s_steps(monkeypatch)
     """The warm-time table separates a few slow kernels (mean against median), the garbage collector and
     each of the hook's steps, so the next H200 run says where a tree arm's time inside the cache function goes."""
     monkeypatch.syspath_prepend(BENCH)
-    import cupy14_ab
+    import ab_cupy as cupy14_ab
     runs = []
     for phase in ("cold", "warm"):
         for arm, child in (("stock", _ab_child(0.6, 0.4, 0.15, 1)),

@@ -2,7 +2,7 @@
 # Device call, from the repository root on the H200: the A/B of record.
 #   1. CuPy 14 through the start-up hook, cold and warm, 100 distinct ElementwiseKernels per fresh process,
 #      3 rotated rounds; arms: stock CuPy, 0.4.0 (commit 4f6f762, flat layout), this tree (packages)
-#      (benchmarks/cupy14_ab.py: `python benchmarks/run.py cupy-ab`);
+#      (`python benchmarks/run.py cupy-ab`: benchmarks/ab_cupy.py);
 #   2. when .device/legacy is carried: Chainer 1.24's CuPy v1 with nvcc 11.2, 0.4.0 against this tree,
 #      cold and warm, 2 rounds (chainer-ab.sh: `python benchmarks/run.py chainer-ab`).
 # Stage HERE first: `bash benchmarks/device/stage.sh` (.device/run24: filelock/platformdirs wheels and the

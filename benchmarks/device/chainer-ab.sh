@@ -2,7 +2,7 @@
 # Device call, from the repository root on the H200: Chainer 1.24's CuPy v1 through the start-up hook of
 # ptxbackend 0.2.0 and of this working tree, both with nvcc 11.2 (target auto: compute_86 PTX), plus stock
 # CuPy v1 with CUDA 13's nvcc for reference (first round only); fresh processes, 100 distinct kernels,
-# ABAB rounds (benchmarks/chainer_ab.py).
+# ABAB rounds (benchmarks/run.py chainer-ab).
 # Carries .device/legacy (tests/legacy/build.sh), .device/nvcc112.tar.xz (cp ../shared/toolkits/nvcc112.tar.xz
 # .device/) and .device/run24 (benchmarks/device/stage.sh: platformdirs/filelock wheels, pb020.tar):
 # about 52 MiB.
@@ -34,7 +34,7 @@ nvcc13=/usr/local/cuda/bin/nvcc
 budget=$((${CHAINER_AB_BUDGET_S:-225} - SECONDS))  # from this script's start
 # CHAINER_AB_BUDGET_S (225), CHAINER_AB_ROUNDS (5), CHAINER_AB_STOCK13 (1: the reference arm in round 0)
 # CHAINER_AB_EXTRA: more arguments, e.g. --dry-run to check the setup on a machine without a GPU
-timeout 260 "$PY" benchmarks/chainer_ab.py --site "$site" --nvcc112 "$nvcc112" --nvcc13 "$nvcc13" \
+timeout 260 "$PY" benchmarks/run.py chainer-ab --site "$site" --nvcc112 "$nvcc112" --nvcc13 "$nvcc13" \
   --tree "${BASE%%=*}"=/tmp/chainer-ab-base --tree now="$PWD" $([ "${CHAINER_AB_STOCK13:-1}" = 1 ] && echo --stock13) \
   --rounds "${CHAINER_AB_ROUNDS:-5}" --budget-s "$budget" --child-timeout 120 \
   --out "$OUT/chainer-ab" ${CHAINER_AB_EXTRA:-} > "$OUT/chainer-ab.log" 2>&1

@@ -17,7 +17,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 
-# nvcc 11.2 (knows up to sm_86), called as `nvcc` through chainer_ab.py's logging wrapper
+# nvcc 11.2 (knows up to sm_86), called as `nvcc` through ab_chainer.py's logging wrapper
 nvcc112=${LEGACY_NVCC112:-/tmp/tk/nvcc112/bin/nvcc112}
 if [ ! -x "$nvcc112" ]; then
   [ -f .device/nvcc112.tar.xz ] || { say "carry .device/nvcc112.tar.xz"; exit 2; }

@@ -11,7 +11,7 @@ tar -xJf .device/nvcc112.tar.xz -C /tmp/tk || exit 2
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
 
 say "1. CuPy 14 A/B"
-PYTHONPATH=/tmp/site timeout $((BUDGET + 60)) python3 benchmarks/cupy14_ab.py --tree 0.2.0=/tmp/pb020 \
+PYTHONPATH=/tmp/site timeout $((BUDGET + 60)) python3 benchmarks/run.py cupy-ab --tree 0.2.0=/tmp/pb020 \
   --tree now="$PWD" --tree pch="$PWD" --arm-env pch:PTXBACKEND_NVRTC_PCH=1 --rounds "$ROUNDS" --budget-s "$BUDGET" --child-timeout 110 --out "$OUT/cupy14-ab" \
   > "$OUT/cupy14-ab.log" 2>&1
 say "rc=$?"

@@ -16,7 +16,7 @@ echo "== legacy harness, step h (two machines of one fleet)"
 LEGACY_NVCC112=/tmp/tk/nvcc112/bin/nvcc112 LEGACY_STEPS=h OUT=$OUT/legacy timeout 200 bash tests/legacy/run_gpu.sh > /dev/null 2>&1
 echo "rc=$?"; tail -n 12 $OUT/legacy/summary.txt 2>/dev/null || tail -n 30 $OUT/legacy/run_gpu.log
 echo "== warm hit A/B: before the seam (557a9b2) vs after"
-PYTHONPATH=/tmp/site timeout 120 python3 benchmarks/hit_ab.py --before $D/pb-before --pairs 8 --out $OUT/hit-ab.json > $OUT/hit-ab.log 2>&1
+PYTHONPATH=/tmp/site timeout 120 python3 benchmarks/run.py hit --before $D/pb-before --pairs 8 --out $OUT/hit-ab.json > $OUT/hit-ab.log 2>&1
 echo "rc=$?"; tail -n 12 $OUT/hit-ab.log
 echo "== fleet benchmark on the H200"
 PYTHONPATH=/tmp/site timeout 150 python3 benchmarks/run.py --sections fleet --no-plots --out $OUT/bench-fleet > $OUT/bench-fleet.log 2>&1

@@ -7,7 +7,8 @@ Rows: kernels without headers, and kernels that include the synthetic Chainer-li
 (``benchmarks/kernels/include``, 9 headers through one ``-I``).  Both trees use NVRTC by default
 (what a GPU machine without a toolkit would), with the same target.
 
-    python benchmarks/hit_ab.py --before DIR_WITH_OLD_ptxbackend --pairs 12 --out hit-ab.json
+    python benchmarks/run.py hit --before DIR_WITH_OLD_ptxbackend --pairs 12 --out hit-ab.json
+    python benchmarks/ab.py hit ...      (the same; this module is ab.py's hit workload)
 
 Reports the median of each (tree, row) and the median of the paired differences (after - before),
 with the differences' 25th-75th percentile: pairs taken side by side in time share the machine's
@@ -24,6 +25,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import ab  # noqa: E402
+
 REPO = os.path.dirname(HERE)
 INCLUDE = os.path.join(HERE, "kernels", "include")
 N = 100
@@ -81,11 +85,6 @@ def _run_child(src, headers, cache, compiler, target, compile_only=False):
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
-def _pct(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=False, help="a directory holding the older ptxbackend/ package")
@@ -115,7 +114,7 @@ def main(argv=None):
             for _ in range(2):  # fill the cache and the JIT cubins, then a discarded warm process
                 versions[t] = _run_child(src, headers, cache, args.compiler, args.target, args.compile_only)
     for i in range(args.pairs):
-        order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
+        order = ab.round_order(["before", "after"], i)
         for r, headers in rows.items():
             for t in order:
                 cache = os.path.join(work, "%s-%s" % (t, r.replace(" ", "-")))
@@ -132,8 +131,8 @@ def main(argv=None):
             after = [x[figure] for x in results[("after", r)]]
             deltas = [a - b for a, b in zip(after, before)]
             row = {"before": statistics.median(before), "after": statistics.median(after),
-                   "delta": statistics.median(deltas), "delta_p25": _pct(deltas, 0.25),
-                   "delta_p75": _pct(deltas, 0.75), "before_all": before, "after_all": after}
+                   "delta": statistics.median(deltas), "delta_p25": ab.percentile(deltas, 0.25),
+                   "delta_p75": ab.percentile(deltas, 0.75), "before_all": before, "after_all": after}
             report["rows"]["%s %s" % (r, figure)] = row
             row["ratio"] = row["after"] / row["before"]
             lines.append("| %s | %s | %.1f | %.1f | %.2f | %+.1f (%+.1f..%+.1f) |" % (
