@@ -274,13 +274,16 @@ def emit(mark, report):
 def tree_info(name, path, needs=(), **fields):
     """The arm for ``--tree NAME=DIR``: checked to be a ptxbackend tree, with its version and commit.
 
-    ``needs``: files the script relies on beyond every tree's; ``fields``: the script's own keys, kept
-    right after name and dir as the scripts have always written them.
+    ``needs``: files the workload relies on beyond every tree's, each a path or a tuple of paths of
+    which one will do (a module's place in the package layout and in 0.4.0's flat one); ``fields``:
+    the workload's own keys, kept right after name and dir as results.json has always had them.
     """
     path = os.path.abspath(path)
     for need in _TREE_NEEDS + tuple(needs):
-        if not os.path.isfile(os.path.join(path, need)):
-            raise SystemExit("--tree %s=%s: no %s there (give a ptxbackend source tree)" % (name, path, need))
+        choices = need if isinstance(need, tuple) else (need,)
+        if not any(os.path.isfile(os.path.join(path, c)) for c in choices):
+            raise SystemExit("--tree %s=%s: no %s there (give a ptxbackend source tree)"
+                             % (name, path, " or ".join(choices)))
     info = {"name": name, "dir": path}
     info.update(fields)
     for source in ("_version.py", "__init__.py"):  # 0.2.0 has no _version.py

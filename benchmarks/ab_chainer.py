@@ -160,8 +160,10 @@ def child(args):
 
 def _parse_arms(specs, stock13):
     # every tree arm runs nvcc 11.2 and needs the modules the hook and find_nvcc live in
-    arms = ab.parse_trees(specs, STOCK, needs=(os.path.join("ptxbackend", "cupy_integration.py"),
-                                                  os.path.join("ptxbackend", "compilers", "nvcc.py")),
+    # (the package layout's places first, then 0.4.0's flat ones; ab.tree_module imports either)
+    arms = ab.parse_trees(specs, STOCK, needs=((os.path.join("ptxbackend", "hook", "cupy_integration.py"),
+                                                os.path.join("ptxbackend", "cupy_integration.py")),
+                                               os.path.join("ptxbackend", "compilers", "nvcc.py")),
                              nvcc="nvcc112")
     if not arms:
         raise SystemExit("give at least one --tree NAME=DIR (the first is the baseline)")

@@ -10,23 +10,20 @@
 # warm a few s), stock13 ~50-60 s (round 0 only); no round is started that the longest time each arm took
 # so far would push past 225 s from the start of this script, and `timeout 260` stops it hard (results.json
 # and summary.md are rewritten after every child).
-export PYTHONUNBUFFERED=1
 set -u
 OUT=${OUT:-/tmp/chainer-ab-out}
-mkdir -p "$OUT"
-L=.device/legacy
-D=.device/run24
-PY=${PYTHON:-python3}
+TAG=chainer-ab
+. benchmarks/device/setup.sh
 site=/tmp/chainer-ab-site
-say() { echo "[chainer-ab] $*"; }
 
 # CHAINER_AB_BASE: the baseline tree, NAME=TAR in $D (default 0.2.0=pb020.tar; ab-h200.sh: 0.4.0=pb040.tar)
 BASE=${CHAINER_AB_BASE:-0.2.0=pb020.tar}
-ls $L/chainer-1.24.0-*.whl "$D/${BASE#*=}" $D/filelock-*.whl >/dev/null || { say "carry .device/legacy and .device/run24"; exit 2; }
-. benchmarks/device/chainer-setup.sh  # sets nvcc112
-
-# the baseline tree
-rm -rf /tmp/chainer-ab-base && mkdir -p /tmp/chainer-ab-base && tar -xf "$D/${BASE#*=}" -C /tmp/chainer-ab-base || exit 2
+need $L/chainer-1.24.0-*.whl "$D/${BASE#*=}" $D/filelock-*.whl
+gpu_line
+say "$($PY --version) at $(command -v $PY)"
+chainer_site "$site"
+unpack_nvcc112  # nvcc 11.2 (knows up to sm_86), called as `nvcc` through ab_chainer.py's logging wrapper
+unpack_tree chainer-ab-base "$D/${BASE#*=}"  # the baseline tree
 say "setup done in ${SECONDS}s"
 
 nvcc13=/usr/local/cuda/bin/nvcc
