@@ -7,6 +7,7 @@ their own caches, rotated rounds under a budget, and medians and per-round ratio
 Workloads (each a module ab_WORKLOAD.py that owns only its child, its checks and its table):
 
     hit      ptxbackend.compile()+load() hits, two trees paired (run.py hit)
+    miss     ptxbackend's own time per miss of each tree, CuPy 14's headers, NVRTC (run.py miss)
     cupy     stock CuPy 14 / the start-up hook of each tree, cold and warm (run.py cupy-ab)
     chainer  Chainer 1.24's CuPy v1 through the hook of each tree, cold and warm (run.py chainer-ab)
     anatomy  where a warm CuPy 14 kernel's time goes, step by step, per arm (run.py anatomy)
@@ -72,6 +73,17 @@ def activate_tree(tree):
     import _ptxbackend_pth
     _ptxbackend_pth.install()
     return _ptxbackend_pth.__file__
+
+
+def import_from_tree(tree):
+    """Make ``import ptxbackend`` find ``tree``'s copy, for a child that uses the package itself (no hook).
+
+    The interpreter's own .pth hook (an editable install, say) may have imported another tree's
+    top-level modules already; they are forgotten, so nothing of two trees mixes.
+    """
+    sys.path.insert(0, tree)
+    for mod in [m for m in sys.modules if m.startswith("_ptxbackend") or m.split(".")[0] == "ptxbackend"]:
+        del sys.modules[mod]
 
 
 def tree_module(packaged):
@@ -572,6 +584,7 @@ def add_run_options(p, child_timeout, budget_help, dry_run_help):
 # workload -> (module, what it measures); run.py's suites name these.
 WORKLOADS = (
     ("hit", "ab_hit", "ptxbackend.compile()+load() hits of two trees, paired ABBA, 0 and 9 headers"),
+    ("miss", "ab_miss", "ptxbackend's own time per miss (compile() minus NVRTC) of each tree, rotated"),
     ("cupy", "ab_cupy", "stock CuPy 14 / the start-up hook of each tree, cold and warm, ABAB"),
     ("chainer", "ab_chainer", "Chainer 1.24's CuPy v1 through the hook of each tree, cold and warm"),
     ("anatomy", "ab_anatomy", "where a warm CuPy 14 kernel's time goes, per arm, step by step"),

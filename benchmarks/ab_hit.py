@@ -41,10 +41,7 @@ def _source(i, headers):
 
 
 def child(args):
-    sys.path.insert(0, args.src)
-    # the interpreter's own .pth hook may have imported another tree's top-level modules already
-    for mod in [m for m in sys.modules if m.startswith("_ptxbackend") or m.split(".")[0] == "ptxbackend"]:
-        del sys.modules[mod]
+    ab.import_from_tree(args.src)
     import gc
     import ptxbackend
     # compile-only runs without a GPU (a CPU box); the driver module moved from the flat layout (0.4.0)

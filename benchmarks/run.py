@@ -182,7 +182,7 @@ def _isolate_environment(ws):
 SUITES = (
     ("hit", "ab.py hit", "warm hit: compile()+load() of cached kernels, two trees paired (ABBA), "
                          "no headers and 9 headers"),
-    ("miss", "bench_miss.py", "ptxbackend's own time per miss (compile() minus NVRTC), trees interleaved"),
+    ("miss", "ab.py miss", "ptxbackend's own time per miss (compile() minus NVRTC), trees interleaved"),
     ("cupy-ab", "ab.py cupy", "stock CuPy 14 vs the start-up hook of source trees, cold and warm, ABAB"),
     ("chainer-ab", "ab.py chainer", "Chainer 1.24's CuPy v1 through the hook of source trees, cold and warm"),
     ("compile", "section compile", "cold compile: the cubin path against the PTX path, per kernel"),
