@@ -5,6 +5,7 @@ makes the test fail (docs/reliability.md lists them).  Misbehaving servers are t
 loopback; everything else is the real valkey-server.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -18,9 +19,10 @@ import uuid
 import pytest
 
 import valkey_server
-from conftest import REPO
+from conftest import REPO, figures
 from fake_resp import FakeServer, bulk
-from ptxbackend.cache import remote
+from ptxbackend.cache import remote, resp, workingset
+from ptxbackend.cache.resp import ReplyError
 from ptxbackend.cache.remote import RemoteStore, open_remote, seal
 from test_remote_store import ENTRY, KEY32, Settings, _assert_off, private_file
 from test_remote_store import fleet_key, logged, namespace  # noqa: F401  (fixtures, shared)
@@ -224,7 +226,13 @@ def test_a_unix_socket_of_another_user_where_anyone_can_create_files_is_refused(
             assert store.get(ENTRY) is None
             assert "belongs to uid 65534" in store.state
             assert server.password not in logged.warnings()[0]
+            os.chmod(shared, 0o755)  # root's, but root is not the socket's owner: not "its own" directory
+            store = RemoteStore(url, fleet_key, namespace=namespace, timeout=5.0)
+            assert store.get(ENTRY) is None and "belongs to uid 65534" in store.state
             os.chown(shared, 65534, 65534)
+            os.chmod(shared, 0o1777)  # the owner's, but others may create files in it
+            store = RemoteStore(url, fleet_key, namespace=namespace, timeout=5.0)
+            assert store.get(ENTRY) is None and "belongs to uid 65534" in store.state
             os.chmod(shared, 0o755)  # a directory of the server's own user: only it can have made the socket
             store = RemoteStore(url, fleet_key, namespace=namespace, timeout=5.0)
             store.put(ENTRY, b"kernel")
@@ -266,7 +274,7 @@ def test_doctor_never_prints_the_password(url, with_key, tmp_path):
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
         out = run.stdout.decode("utf-8", "replace")
         assert "s3cret" not in out and "p@ss" not in out, out
-        assert ("127.0.0.1" in out) == ("#" not in url)  # '#' starts the fragment: the host is "ss"
+        assert "127.0.0.1" in out  # a '#' in the password is the password's, not a fragment
         if extra:
             json.loads(out[out.index("{"):])
 
@@ -286,6 +294,22 @@ def _documented_acl():
     return lines
 
 
+#: What the documented line-PC user may run, and nothing else: no write, no EXPIRE, no script of its own.
+LINE_PC_COMMANDS = {"getrange", "zrevrange", "fcall_ro", "ping"}
+
+
+def _dry_run(admin, user, command, key):
+    """What the server says ``user`` may do with ``command`` (ACL DRYRUN: nothing runs), with as many
+    arguments as the command's arity needs (a key of the namespace first)."""
+    for count in range(0, 8):
+        reply = admin.results(("ACL", "DRYRUN", user, command) + (key,) * min(count, 1)
+                              + ("1",) * max(0, count - 1))[0]
+        if isinstance(reply, ReplyError) and "wrong number of arguments" in str(reply):
+            continue
+        return reply
+    return None
+
+
 def test_the_documented_acl_lets_a_line_pc_read_and_nothing_else(valkey, redis_module, namespace, fleet_key):
     admin = redis_module.Redis.from_url(valkey.url)
     users = {"line-pc": "lp-" + uuid.uuid4().hex, "build-box": "bb-" + uuid.uuid4().hex}
@@ -302,29 +326,56 @@ def test_the_documented_acl_lets_a_line_pc_read_and_nothing_else(valkey, redis_m
         build_box = RemoteStore(url("build-box"), fleet_key, namespace=namespace, timeout=5.0, ttl=60)
         with build_box.lock(ENTRY, 1) as held:
             assert held is True
-            build_box.put(ENTRY, b"kernel")
+            build_box.put(ENTRY, b"kernel")  # loads the working set's functions, as a build box does
         assert build_box.list() == [ENTRY] and build_box.ping() and build_box.state == "ok"
 
         other = ENTRY.replace("/ab/" + "ab" * 32, "/cd/" + "cd" * 32)
-        build_box.put(other, b"other kernel")  # recorded in the working set (ZADD) by the build box
+        build_box.put(other, b"other kernel")  # recorded in the working set (FCALL) by the build box
         line_pc = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="ro", ttl=60)
         assert line_pc.get(ENTRY) == b"kernel" and line_pc.ping() and line_pc.state == "ok"
-        assert line_pc.prefetched == 1 and line_pc.get(other) == b"other kernel"  # the working set, by EVAL
+        # The working set came in the lookup's own round trip, through FCALL_RO.
+        assert line_pc.prefetched == 1 and line_pc.get(other) == b"other kernel" and line_pc.requests == 2
 
         # The same user with a store set to rw by mistake: the server refuses every write and lock.
-        misused = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="rw")
+        misused = RemoteStore(url("line-pc"), fleet_key, namespace=namespace, timeout=5.0, mode="rw", ttl=60)
         misused.put(ENTRY, b"forged")
         misused.delete(ENTRY)
         with misused.lock(ENTRY, 1) as held:
             assert held is False
         assert misused.get(ENTRY) == b"kernel" and misused.state == "ok"
-        raw = redis_module.Redis.from_url(url("line-pc"))
-        for attempt in (lambda: raw.set(build_box.lock_key(ENTRY), b"x", nx=True, px=1000),
-                        lambda: raw.set(build_box.redis_key(ENTRY), b"x"),
-                        lambda: raw.delete(build_box.redis_key(ENTRY))):
-            with pytest.raises(redis_module.exceptions.ResponseError, match="NOPERM|permission"):
-                attempt()
+        raw = resp.Client(resp.Endpoint(url("line-pc")), 5.0, 1 << 20)
+        value_key, set_key = build_box.redis_key(ENTRY), namespace + ":ws:v4/nvcc-13.0.88/compute_75"
+        for attempt in (("SET", build_box.lock_key(ENTRY), "x", "NX", "PX", 1000), ("SET", value_key, "x"),
+                        ("DEL", value_key), ("EXPIRE", value_key, 0), ("EXPIRE", set_key, 0),
+                        ("EVAL", "while true do end", 0), ("EVAL_RO", "return 1", 0),
+                        ("SCRIPT", "LOAD", "return 1"),
+                        ("FUNCTION", "LOAD", "#!lua name=evil\nredis.register_function('evil', function() end)"),
+                        ("FCALL", workingset.TOUCH_FUNCTION, 1, set_key, 1, 4096, "x"),
+                        ("ZADD", set_key, 1, "x"), ("CONFIG", "SET", "maxmemory", "1")):
+            reply = raw.results(attempt)[0]
+            assert isinstance(reply, ReplyError) and "NOPERM" in str(reply), (attempt, reply)
         raw.close()
+        assert admin.pttl(value_key) > 0 and admin.get(value_key) is not None  # all still there
+
+        # Every command the server knows, asked of the server itself: the line PC may run these four.
+        checker = resp.Client(resp.Endpoint(valkey.url), 5.0, 1 << 20)
+        allowed = set()
+        for command in checker.execute(("COMMAND", "LIST"))[0]:
+            reply = _dry_run(checker, names["line-pc"], command, value_key)
+            if reply == b"OK":
+                allowed.add(command.decode().lower())
+        checker.close()
+        # Each layer alone, as the server states the user's rules: only these commands, only reading keys.
+        rules = admin.acl_getuser(names["line-pc"])
+
+        def words(field):  # redis-py 4 gives one string, later ones a list
+            return field.split() if isinstance(field, str) else list(field)
+        granted = set(word[1:] for word in words(rules["commands"]) if word.startswith("+"))
+        assert granted == LINE_PC_COMMANDS and not rules.get("selectors"), rules
+        assert rules["keys"] and all(pattern.startswith("%R~") for pattern in words(rules["keys"])), rules
+        # (AUTH, HELLO, QUIT and RESET: every connection's own, which no ACL takes away.)
+        assert allowed <= LINE_PC_COMMANDS | {"auth", "hello", "quit", "reset"}, allowed - LINE_PC_COMMANDS
+        assert LINE_PC_COMMANDS - {"ping"} <= allowed
     finally:
         for name in names.values():
             admin.execute_command("ACL", "DELUSER", name)
@@ -339,3 +390,174 @@ def test_seal_is_what_a_build_box_uploads(valkey, redis_module, namespace, fleet
     key = store.redis_key(ENTRY)
     assert raw.get(key) == seal(fleet_key, key.encode(), b"kernel")
     raw.close()
+
+
+# -- issue 38 row 11: a 256 MiB value, a socket in another user's directory, passwords with / ? # ----------
+
+_PEAK_CHILD = r"""
+import hashlib, json, os, sys, tracemalloc
+def high_water():  # this process's peak resident size (VmHWM: ru_maxrss would carry the parent's over exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+sys.path.insert(0, os.environ["REPO"])
+from ptxbackend.cache.remote import RemoteStore
+store = RemoteStore(os.environ["URL"], bytes.fromhex(os.environ["KEY"]), namespace=os.environ["NS"], timeout=120.0)
+before = high_water()
+tracemalloc.start()
+blob = store.get(os.environ["NAME"])
+peak = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
+grown = high_water() - before
+print(json.dumps({"peak": peak, "rss": grown, "size": len(blob), "sha": hashlib.sha256(blob).hexdigest()}))
+"""
+
+
+def test_a_256_mib_value_costs_about_256_mib_to_read(valkey, namespace, fleet_key):
+    name = "driver-jit/580.159.04/NVIDIA_H200-sm90.tgz"  # the largest values a fleet holds
+    blob = os.urandom(1 << 20) * (remote.MAX_VALUE >> 20)
+    digest = hashlib.sha256(blob).hexdigest()
+    store = RemoteStore(valkey.url, fleet_key, namespace=namespace, timeout=120.0)
+    store.put(name, blob)
+    del blob
+    env = dict(os.environ, REPO=REPO, URL=valkey.url, KEY=fleet_key.hex(), NS=namespace, NAME=name)
+    run = subprocess.run([sys.executable, "-c", _PEAK_CHILD], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)
+    figures("256 MiB get", traced_peak_mib=round(found["peak"] / 2.0 ** 20, 1),
+            rss_growth_mib=round(found["rss"] / 2.0 ** 20, 1))
+    assert found["size"] == remote.MAX_VALUE and found["sha"] == digest
+    # One buffer of the value's size, read into in place (before: 791 MiB, three copies at once).
+    assert found["peak"] < 1.3 * remote.MAX_VALUE, found
+    assert found["rss"] < 1.6 * remote.MAX_VALUE, found
+    store.delete(name)
+
+
+def _listening_socket(path):
+    import socket
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    listener.setblocking(False)
+    return listener
+
+
+def _accepted(listener):
+    """What a client sent on a connection it made, or ``None`` when none was made."""
+    import socket
+    try:
+        connection = listener.accept()[0]
+    except (BlockingIOError, socket.timeout):
+        return None
+    connection.settimeout(2.0)
+    try:
+        return connection.recv(4096)
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("how", ["made by another user", "writable by others"])
+def test_a_socket_in_a_directory_another_user_controls_gets_no_password(how, fleet_key, tmp_path):
+    """Our own (root's) socket, so the owner check passes, in a directory another user created or
+    may write to: whoever controls the directory could swap in their own socket, so nothing is sent."""
+    _root_only()
+    base = tempfile.mkdtemp(prefix="ptxd", dir="/tmp")
+    try:
+        directory = os.path.join(base, "sockets")
+        os.mkdir(directory)
+        path = os.path.join(directory, "v.sock")
+        listener = _listening_socket(path)
+        try:
+            url = "unix://:s3cret-password@%s" % path
+            os.chmod(directory, 0o755)  # the same directory, ours: the password goes (the input is valid)
+            store = RemoteStore(url, fleet_key, timeout=0.5)
+            store.get(ENTRY)
+            assert b"s3cret-password" in (_accepted(listener) or b"")
+            if how == "made by another user":
+                os.chown(directory, 65534, 65534)
+            else:
+                os.chmod(directory, 0o777)
+            store = RemoteStore(url, fleet_key, timeout=0.5)
+            assert store.get(ENTRY) is None
+            assert _accepted(listener) is None  # no connection at all: no AUTH, no password
+            assert "which belongs to uid 65534" in store.state or "others can write" in store.state
+        finally:
+            listener.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("password", ["Kq7/Zw3", "Kq7?Zw3", "Kq7#Zw3", "Kq7@Vx/Zw3?Pm8#Rt5"])
+@pytest.mark.parametrize("encoded", [False, True])
+def test_a_url_password_with_slash_question_mark_or_hash_is_parsed_and_never_printed(password, encoded, valkey,
+                                                                                     redis_module, tmp_path):
+    """As a user writes it (raw) or percent-encoded: it logs in as that password, and neither doctor,
+    cache info nor the store's warning line shows any piece of it."""
+    from urllib.parse import quote
+    user = "pw-" + uuid.uuid4().hex[:8]
+    admin = redis_module.Redis.from_url(valkey.url)
+    admin.execute_command("ACL", "SETUSER", user, "on", ">" + password, "~*", "+@all")
+    written = quote(password, safe="") if encoded else password
+    pieces = set(re.split(r"[/?#@]", password)) | {password, written}
+    try:
+        url = "redis://%s:%s@127.0.0.1:%d/0" % (user, written, valkey.port)
+        assert resp.Endpoint(url).password == password and resp.Endpoint(url).host == "127.0.0.1"
+        store = RemoteStore(url, KEY32, timeout=5.0)
+        assert store.ping() and store.state == "ok"
+        assert not [piece for piece in pieces if piece in store.description], store.description
+        # The warning line and doctor, when the server refuses: the same password with one more character.
+        env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_REMOTE=url.replace(written, written + "x"),
+                   PTXBACKEND_CACHE_DIR=str(tmp_path / "c"), PTXBACKEND_CONFIG=str(tmp_path / "none.ini"),
+                   PTXBACKEND_REMOTE_KEY_FILE=private_file(tmp_path / "fleet.key", KEY32))
+        (tmp_path / "none.ini").write_text(u"")
+        os.chmod(str(tmp_path / "none.ini"), 0o600)
+        for args in (["doctor"], ["doctor", "--json"], ["cache", "info"]):
+            run = subprocess.run([sys.executable, "-m", "ptxbackend"] + args, env=env, cwd=str(tmp_path),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+            out = run.stdout.decode("utf-8", "replace")
+            assert "127.0.0.1:%d" % valkey.port in out, out
+            assert not [piece for piece in pieces if piece in out], out
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+
+
+# -- issue 38 row 12: checks no test failed without ---------------------------------------------------------
+
+def test_a_fleet_lock_copied_under_another_kernels_name_is_not_waited_for(store_and_raw, fleet_key):
+    """A live, validly signed lock of one kernel, copied to another kernel's lock key: the MAC covers
+    the lock's name, so it does not verify there."""
+    store, raw = store_and_raw
+    other = ENTRY.replace("/ab/" + "ab" * 32, "/cd/" + "cd" * 32)
+    genuine = _signed(fleet_key, store.lock_key(other), time.time() * 1000)
+    _not_waited_for(store, genuine, raw)
+    # The same value under its own name is a lock of this fleet, waited for (the input is valid).
+    raw.set(store.lock_key(other), genuine, px=60000)
+    with store.lock(other, 0.3) as held:
+        assert held is False
+    assert store.stats()["entry"]["rejected"] == 1
+
+
+def test_replies_nested_deeper_than_the_bound_are_a_fault(fleet_key, logged):
+    deep = b"*1\r\n" * 3 + b"$1\r\nx\r\n"
+    with FakeServer(lambda command: deep) as server:
+        client = resp.Client(resp.Endpoint(server.url), 2.0, 1 << 20)
+        with pytest.raises(resp.Fault, match="nested deeper than 2"):
+            client.execute(("ZREVRANGE", "k", 0, 1))
+    # Two levels (a SCAN page) are read (the input is otherwise the same).
+    with FakeServer(lambda command: b"*1\r\n" * 2 + b"$1\r\nx\r\n") as server:
+        assert resp.Client(resp.Endpoint(server.url), 2.0, 1 << 20).execute(("ZREVRANGE", "k", 0, 1)) == [[[b"x"]]]
+
+
+def test_a_reply_with_more_than_was_asked_for_is_a_fault_not_a_value(fleet_key, logged):
+    """A valid sealed value followed by a reply nobody asked for: the connection is out of step (the
+    next request would read that reply as its own), so the value is not taken and the store faults."""
+    redis_key = "ptxbackend:v4/" + ENTRY
+    value = bulk(seal(fleet_key, redis_key.encode(), b"kernel"))
+    with FakeServer(lambda command: value + bulk(b"an answer to a question not asked")) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
+        assert store.get(ENTRY) is None and "more than was asked for" in store.state
+    with FakeServer(lambda command: value) as server:  # the same value alone: a hit
+        assert RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro").get(ENTRY) == b"kernel"

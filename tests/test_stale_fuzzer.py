@@ -2,13 +2,13 @@
 the bytes a fresh compile in an empty cache gives.
 
 Hypothesis draws an include tree (three ``-I`` directories, the last ``-isystem`` for nvcc, one of them
-missing behind directories yet to be made; ``val.cuh`` in each as a definition, an ``#include_next``,
+missing behind directories yet to be made, one a link to one of two directories beside it; ``val.cuh`` in each as a definition, an ``#include_next``,
 an ``#include "../common/b.cuh"`` leaving the tree, a symbolic link to a file elsewhere, or
 ``#include "lib/a.cuh"`` through a directory link to one of two libraries whose ``a.cuh`` match and
 whose quoted ``b.cuh`` differ; a
 ``__has_include`` of ``extra.cuh``; a forced ``-include``; a hard link to ``common/b.cuh`` in a directory
 nobody searches; an options file for nvcc) and a sequence of operations (edit in place, atomic rename
-keeping mtime and size, create or delete a shadowing header, retarget a link to a file or a directory, ``mkdir`` on the way to
+keeping mtime and size, no change at all (a hit), create or delete a shadowing header, retarget a link to a file or a directory or the ``-I`` link, ``mkdir`` on the way to
 the missing directory, edit through the hard link, a failing compile in between).  Each sequence runs
 with NVRTC 13.5's precompiled headers on or off, and either in one long-lived process or with the
 process's memory dropped before each cached compile (what a new process sees); at the end of each
@@ -22,6 +22,7 @@ to a minimal tree and sequence and prints them.  Longer runs: docs/reliability.m
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +33,7 @@ from hypothesis import strategies as st
 
 import ptxbackend
 from ptxbackend.dependencies import depsets
-from conftest import run_python
+from conftest import REPO, run_python
 
 BUDGET = float(os.environ.get("PTXBACKEND_FUZZ_SECONDS", "60"))
 SEED = int(os.environ.get("PTXBACKEND_FUZZ_SEED", "0")) or int(time.time()) % 100000
@@ -56,6 +57,7 @@ tree_strategy = st.fixed_dictionaries({
     "digits": st.tuples(*[st.integers(1, 9)] * 3),
     "extra": st.sampled_from((None,) + DIRS),
     "missing": st.sampled_from((None,) + DIRS),  # this -I directory is made only by a "mkdir" below
+    "linked": st.sampled_from((None,) + DIRS),  # this -I directory is a link to one of two directories
 })
 
 op_strategy = st.one_of(
@@ -66,6 +68,9 @@ op_strategy = st.one_of(
     st.tuples(st.just("retarget"), st.sampled_from(DIRS), st.integers(1, 3)),
     st.tuples(st.just("mkdir"), st.integers(1, 3)),
     st.tuples(st.just("retarget_dir"), st.sampled_from(DIRS), st.integers(1, 2)),
+    # Twice: what a retarget hides shows only with a later create or edit in the new directory.
+    st.tuples(st.just("retarget_include"), st.integers(1, 2)),
+    st.tuples(st.just("retarget_include"), st.integers(1, 2)),
     st.tuples(st.just("edit_common"), st.integers(1, 9)),
     st.tuples(st.just("atomic_common"), st.integers(1, 9)),
     st.tuples(st.just("edit_hard_link"), st.integers(1, 9)),
@@ -73,6 +78,8 @@ op_strategy = st.one_of(
     st.tuples(st.just("extra"), st.sampled_from((None,) + DIRS), st.integers(1, 9)),
     st.tuples(st.just("forced"), st.integers(1, 9)),
     st.tuples(st.just("fail"),),
+    # Nothing changes: the next call is a hit, where a miss would have checked the files afresh.
+    st.tuples(st.just("again"),),
 )
 
 
@@ -99,8 +106,17 @@ class Tree(object):
             self.write(self.path("libs", name, "b.cuh"), _define(digit))
         os.link(self.path("common", "b.cuh"), self.path("elsewhere", "b.cuh"))
         self.write(self.path("forced.cuh"), "#define FORCED 1\n")
+        self.linked = spec["linked"] if spec["linked"] != self.missing else None
         for directory, kind, digit in zip(DIRS, spec["val"], spec["digits"]):
-            if directory != self.missing:
+            if directory == self.linked:
+                # The -I name is a link to one of two directories beside it (the other starts
+                # empty): what it leads to changes by a retarget, with no change in either.
+                for which in (1, 2):
+                    os.makedirs(self.path("%s-%d" % (directory, which)))
+                self.link_include(1)
+                if kind != "none":
+                    self.create(directory, kind, digit)
+            elif directory != self.missing:
                 os.makedirs(self.dir(directory))
                 if kind != "none":
                     self.create(directory, kind, digit)
@@ -163,6 +179,11 @@ class Tree(object):
         os.symlink(os.path.relpath(self.path("libs", ("one", "two")[which - 1]), self.dir(directory)),
                    os.path.join(self.dir(directory), "lib"))
 
+    def link_include(self, which):
+        temporary = self.dir(self.linked) + ".new"
+        os.symlink("%s-%d" % (self.linked, which), temporary)
+        os.rename(temporary, self.dir(self.linked))
+
     def apply(self, op):
         """Do ``op``; ``True`` when it was a failing compile (the caller runs it)."""
         name, args = op[0], op[1:]
@@ -190,6 +211,9 @@ class Tree(object):
             if os.path.lexists(path):
                 os.unlink(path)
                 self.link_dir(args[0], args[1])
+        elif name == "retarget_include":
+            if self.linked:
+                self.link_include(args[0])
         elif name == "mkdir":
             if self.missing:
                 target = [self.path("m"), self.path("m", "n"), self.dir(self.missing)][args[0] - 1]
@@ -237,6 +261,46 @@ except ptxbackend.CompileError:
 '''
 
 
+TRUTH = r'''
+import json, sys, ptxbackend
+for line in sys.stdin:
+    compiler, source, options, cache_dir = json.loads(line)
+    try:
+        image = bytes(ptxbackend.compile(source, options, target="compute_90", compiler=compiler,
+                                         cache_dir=cache_dir).image)
+        answer = image.decode("latin-1")
+    except ptxbackend.CompileError:
+        answer = "error"
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+'''
+
+
+class Truth(object):
+    """Fresh compiles, each in an empty cache, in a process of their own: a truth compiled in the
+    process under test would add its own watches there, and hide a change that process missed."""
+
+    def __init__(self):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        env["PTXBACKEND_NVRTC_PCH"] = "0"
+        self.proc = subprocess.Popen([sys.executable, "-c", TRUTH], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, universal_newlines=True)
+
+    def __call__(self, compiler, source, options, cache_dir):
+        self.proc.stdin.write(json.dumps([compiler, source, options, cache_dir]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError("the truth process ended (exit %s)" % self.proc.wait())
+        found = json.loads(line)
+        return found if found == "error" else found.encode("latin-1")
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
 def _new_process(compiler, options, cache_dir):
     out = run_python(CHILD % (compiler, json.dumps(options), cache_dir, SOURCE), env={"PTXBACKEND_NVRTC_PCH": "0"})
     found = json.loads(out.strip().splitlines()[-1])
@@ -250,6 +314,7 @@ class Run(object):
         self.compiler, self.deadline, self.started = compiler, time.time() + seconds, time.time()
         self.sequences = 0
         self.seed = SEED
+        self.truth = Truth()
 
     def sequence(self, spec, ops, pch, new_process_view):
         self.sequences += 1
@@ -266,7 +331,7 @@ class Run(object):
                 if new_process_view:
                     depsets.forget()
                 cached = _answer(self.compiler, SOURCE, tree.options, cache, pch)
-                truth = _answer(self.compiler, SOURCE, tree.options, os.path.join(root, "fresh%d" % step), False)
+                truth = self.truth(self.compiler, SOURCE, tree.options, os.path.join(root, "fresh%d" % step))
                 if cached != truth:
                     self.fail("after %r" % (done,), spec, pch, new_process_view, cached, truth)
             if _new_process(self.compiler, tree.options, cache) != truth:
@@ -309,7 +374,12 @@ def test_no_sequence_of_changes_gives_a_stale_hit(compiler, share, request, monk
         def sequences(spec, ops, pch, new_process_view):
             run.sequence(spec, ops, pch or compiler == "nvcc", new_process_view)
 
-        sequences()
+        try:
+            sequences()
+        except BaseException:
+            run.truth.close()
+            raise
+    run.truth.close()
     print("stale-hit fuzzer: %s, %d sequences in %.0f s, seeds %d-%d"
           % (compiler, run.sequences, time.time() - run.started, SEED, run.seed))
     assert run.sequences > 0

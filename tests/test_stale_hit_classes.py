@@ -185,3 +185,23 @@ def test_retargeting_a_directory_link_to_an_identical_header_with_a_different_si
     os.symlink(str(tmp_path / "two"), str(tmp_path / "inc" / "lib"))
     assert new_process(compiler, source, options) == 2.0
     assert value(here(compiler, source, options)) == 2.0
+
+
+def test_a_header_appearing_where_a_retargeted_directory_link_now_leads_is_seen_by_a_long_lived_process(
+        compiler, tmp_path):
+    # `-I inc` (a link to an empty directory) before `-I other`: val.cuh must stay absent in inc.  The
+    # link is retargeted to another empty directory (still absent: a hit), then val.cuh appears
+    # there.  A watch made on the name `inc` still watched the old directory, which heard nothing.
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+    write(tmp_path / "other" / "val.cuh", "#define VAL 1.0f\n")
+    os.symlink(str(tmp_path / "one"), str(tmp_path / "inc"))
+    source, options = '#include <val.cuh>\n' + KERNEL, ["-I", str(tmp_path / "inc"), "-I", str(tmp_path / "other")]
+    assert value(here(compiler, source, options)) == 1.0
+    assert here(compiler, source, options).cache_hit
+    os.symlink(str(tmp_path / "two"), str(tmp_path / "inc.new"))
+    os.rename(str(tmp_path / "inc.new"), str(tmp_path / "inc"))
+    assert here(compiler, source, options).cache_hit  # nothing the compiler reads changed
+    write(tmp_path / "two" / "val.cuh", "#define VAL 2.0f\n")
+    assert value(here(compiler, source, options)) == 2.0
+    assert new_process(compiler, source, options) == 2.0

@@ -495,3 +495,67 @@ def test_cache_push_never_uploads_entries_that_arrived_unsigned(valkey, tmp_path
     bundle.import_bundle(DirectoryStore(box), _bundle_signed_with(tmp_path, KEY, name="again.tar.gz"), KEY)
     assert cli(env, "cache", "push").returncode == 0
     assert ENTRY_NAME.split("/", 1)[1] in _server_names(valkey, env["PTXBACKEND_REMOTE_NAMESPACE"])
+
+
+# -- issue 38 row 3: provenance follows the PTX to its driver cubin ----------------------------------------
+
+def _driver_stood_in_by_nvcc(monkeypatch, nvcc13, tmp_path):
+    """No GPU here: the driver's JIT of a PTX entry is stood in for by a real sm_90 cubin that nvcc 13
+    makes of that PTX, returned where the driver's link would return its own."""
+    from ptxbackend.compiling import image
+    from ptxbackend.gpu import driver
+    made = []
+
+    def link_ptx(ptx):
+        src, out = tmp_path / ("jit%d.ptx" % len(made)), tmp_path / ("jit%d.cubin" % len(made))
+        src.write_bytes(bytes(ptx))
+        subprocess.run([nvcc13, "-cubin", "-arch=sm_90", str(src), "-o", str(out)], check=True)
+        made.append(out.read_bytes())
+        return made[-1]
+
+    monkeypatch.setattr(driver, "link_ptx", link_ptx)
+    monkeypatch.setattr(driver, "driver_build", lambda: "580.159.04")
+    monkeypatch.setattr(image, "current_device_cc", lambda: 90)
+    return made
+
+
+def test_a_jit_cubin_of_an_entry_that_arrived_unsigned_never_reaches_the_fleet(valkey, tmp_path, nvcc13,
+                                                                               monkeypatch):
+    import ptxbackend
+    from ptxbackend.cache.remote import RemoteStore
+    from ptxbackend.compiling import engine, image
+    made = _driver_stood_in_by_nvcc(monkeypatch, nvcc13, tmp_path)
+    # Another machine's PTX entry, in a bundle nobody signed, imported on the build box.
+    monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(tmp_path / "elsewhere"))
+    ptxbackend.compile(KERNEL % "unsigned_jit", target="compute_75")
+    unsigned = str(tmp_path / "unsigned.tgz")
+    assert bundle.export_bundle(DirectoryStore(str(tmp_path / "elsewhere")), unsigned) == 1
+    box = str(tmp_path / "box")
+    assert bundle.import_bundle(DirectoryStore(box), unsigned)[0] == 1
+    # The build box, rw on the fleet store, loads it (the driver makes its cubin) and one of its own.
+    env = fleet_env(valkey, tmp_path, PTXBACKEND_CACHE_DIR=box)
+    for name, value in env.items():
+        if name.startswith("PTXBACKEND_"):
+            monkeypatch.setenv(name, value)
+    engine._reset_for_tests()
+    imported = ptxbackend.compile(KERNEL % "unsigned_jit", target="compute_75")
+    own = ptxbackend.compile(KERNEL % "own_jit", target="compute_75")
+    assert imported.cache_hit and not own.cache_hit
+    for art in (imported, own):
+        assert image.loadable_image(art, True)[1] == "cubin"
+    assert len(made) == 2
+    jit_of = dict((art, image.jit_name(art, 90)) for art in (imported, own))
+    namespace = env["PTXBACKEND_REMOTE_NAMESPACE"]
+    names = _server_names(valkey, namespace)
+    assert jit_of[own] in names  # the upload path works: this machine's own kernel's cubin went
+    assert jit_of[imported] not in names and imported.name not in names
+    # Nor does a push carry it later, though the cubin was made here.
+    cache = own.store
+    cache.push()
+    assert cache.push_withheld == 2  # the imported PTX and its cubin
+    assert jit_of[imported] not in _server_names(valkey, namespace)
+    # A fresh read-only line PC: the box's own cubin verifies, the other is no hit at all.
+    key = open(env["PTXBACKEND_REMOTE_KEY_FILE"], "rb").read()
+    line_pc = RemoteStore(valkey.url, key, mode="ro", namespace=namespace, timeout=5.0)
+    assert line_pc.get(jit_of[own]) is not None
+    assert line_pc.get(jit_of[imported]) is None

@@ -127,7 +127,7 @@ def test_the_fetch_is_bounded_in_count_and_bytes_whatever_the_server_sends(fleet
     names = [name_of(i) for i in range(10)]
 
     def answer(command):
-        if command[0] == b"EVAL":
+        if command[0] == b"FCALL_RO":
             items = []
             for name in names:
                 redis_key = ("ptxbackend:v4/" + name).encode()
@@ -151,7 +151,7 @@ def test_the_fetch_is_bounded_in_count_and_bytes_whatever_the_server_sends(fleet
 @pytest.mark.parametrize("reply", [b"$3\r\nabc\r\n", b"*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n", b":7\r\n",
                                    b"-NOSCRIPT no scripts here\r\n"])
 def test_a_working_set_reply_of_the_wrong_shape_is_no_working_set(reply, fleet_key, logged):
-    with FakeServer(lambda command: reply if command[0] == b"EVAL" else b"$0\r\n\r\n") as server:
+    with FakeServer(lambda command: reply if command[0] == b"FCALL_RO" else b"$0\r\n\r\n") as server:
         store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
         assert store.get(name_of(1)) is None
         assert store.prefetched == 0 and store.state == "ok"
@@ -162,7 +162,7 @@ def test_names_of_no_layout_are_not_kept_even_when_their_values_verify(fleet_key
     odd = ["../../%s" % name_of(2), "x:y/%s" % name_of(3), name_of(4) + "/" + "a" * 400]
 
     def answer(command):
-        if command[0] != b"EVAL":
+        if command[0] != b"FCALL_RO":
             return b"$0\r\n\r\n"
         items = []
         for name in odd + [name_of(5)]:
@@ -207,3 +207,133 @@ def test_a_jit_cubin_s_group_brings_the_dependency_set_its_entries_name(make_sto
     assert found is not None and found[2] == digest.encode()
     assert reader.load_depset(digest) == depset
     assert reader.remote.requests == 1 and layout.depset_name(digest) not in reader.remote._memory
+
+
+# -- issue 38 row 4: what a new machine sends, counted by the server itself ---------------------------------
+
+@pytest.fixture
+def own_server(server_binary, tmp_path):
+    """A server of this test's own: its command counters count this test's commands only."""
+    import valkey_server
+    server = valkey_server.Server(server_binary, str(tmp_path / "valkey")).start()
+    yield server
+    server.stop()
+
+
+def _commands(admin):
+    """``{command: calls}`` since the last CONFIG RESETSTAT, from the server's INFO commandstats
+    (commands a function runs are counted under their own names)."""
+    counted = {}
+    for line in admin.execute(("INFO", "commandstats"))[0].decode().splitlines():
+        if line.startswith("cmdstat_"):
+            name, _colon, fields = line[len("cmdstat_"):].partition(":")
+            counted[name] = int(dict(field.split("=") for field in fields.split(","))["calls"])
+    return counted
+
+
+def _admin(server):
+    from ptxbackend.cache import resp
+    return resp.Client(resp.Endpoint(server.url), 5.0, 1 << 20)
+
+
+def test_a_new_machine_records_its_60_kernels_as_one_command_per_group(own_server, fleet_key):
+    def store(**options):
+        return RemoteStore(own_server.url, fleet_key, namespace="ws60", timeout=5.0, **options)
+    blobs = seed(store(), 60)
+    admin = _admin(own_server)
+    admin.execute(("CONFIG", "RESETSTAT"))
+    machine = store()  # rw: it records what it uses
+    for name in sorted(blobs):
+        assert machine.get(name) == blobs[name]
+    machine.record_uses()  # what its exit does
+    counted = _commands(admin)
+    # Sent by the machine: its one lookup (GETRANGE), the library's load, the fetch, the lookup's own
+    # use, then the 59 uses served from memory: one FCALL for the group (before: 2 commands a kernel).
+    assert counted.get("fcall") == 2 and counted.get("fcall_ro") == 1 and machine.requests == 2
+    assert counted.get("zadd") == 2 and counted.get("zremrangebyrank") == 2  # inside the two FCALLs
+    sent = sum(calls for name, calls in counted.items()
+               if name not in ("config|resetstat", "info", "auth", "zadd", "zremrangebyrank", "zrevrange",
+                               "getrange"))
+    assert sent == 4, counted  # function|load, fcall_ro, fcall, fcall
+    assert counted.get("getrange") == 1 + 60  # the lookup's own, then the function's (the set holds it too)
+    admin.close()
+
+
+def test_a_read_only_line_pc_sends_no_expire_and_no_write(own_server, fleet_key):
+    writer = RemoteStore(own_server.url, fleet_key, namespace="ro", timeout=5.0, ttl=60)
+    blobs = seed(writer, 3)
+    admin = _admin(own_server)
+    admin.execute(("CONFIG", "RESETSTAT"))
+    line_pc = RemoteStore(own_server.url, fleet_key, namespace="ro", timeout=5.0, ttl=60, mode="ro")
+    for name in sorted(blobs):
+        assert line_pc.get(name) == blobs[name]
+    assert line_pc.get(name_of(9)) is None
+    line_pc.record_uses()
+    counted = _commands(admin)
+    assert set(counted) <= {"config|resetstat", "auth", "getrange", "fcall_ro", "zrevrange"}, counted
+    # The same with a rw store refreshes the values' TTL (the input is otherwise the same).
+    RemoteStore(own_server.url, fleet_key, namespace="ro", timeout=5.0, ttl=60).get(name_of(0))
+    assert _commands(admin).get("expire") == 1
+    admin.close()
+
+
+def test_without_the_library_the_working_set_comes_in_read_only_round_trips(own_server, fleet_key):
+    blobs = seed(RemoteStore(own_server.url, fleet_key, namespace="nolib", timeout=5.0), 20)
+    admin = _admin(own_server)
+    admin.execute(("FUNCTION", "FLUSH"))  # a server no build box loaded it on (or Redis 6)
+    admin.execute(("CONFIG", "RESETSTAT"))
+    line_pc = RemoteStore(own_server.url, fleet_key, namespace="nolib", timeout=5.0, mode="ro")
+    for name in sorted(blobs):
+        assert line_pc.get(name) == blobs[name]
+    # The lookup (and the refused FCALL_RO), the names, their values; nothing written.
+    assert line_pc.requests == 3 and line_pc.prefetched == 19
+    counted = _commands(admin)
+    assert set(counted) <= {"config|resetstat", "function|flush", "auth", "getrange", "fcall_ro", "zrevrange"}
+    # A later group of the same process: the names with the lookup, then the values: two round trips.
+    other = "nvcc-13.0.88/compute_86"
+    writer = RemoteStore(own_server.url, fleet_key, namespace="nolib", timeout=5.0)
+    for i in range(3):
+        writer.put("%s/%s/%s.ptx" % (other, key_of(i)[:2], key_of(i)), b"x%d" % i)
+    before = line_pc.requests
+    assert line_pc.get("%s/%s/%s.ptx" % (other, key_of(0)[:2], key_of(0))) == b"x0"
+    assert line_pc.requests - before == 2 and line_pc.prefetched == 21
+    admin.close()
+
+
+def test_an_rw_machine_without_function_rights_still_records_its_uses(own_server, fleet_key):
+    """A build-box user without FUNCTION LOAD or FCALL (an ACL from before 0.5) on a server with no
+    library: the refused touch is sent again as plain ZADD, so the uses are not lost."""
+    admin = _admin(own_server)
+    admin.execute(("ACL", "SETUSER", "old-box", "on", ">old-box-password", "resetkeys", "~old:*", "-@all",
+                   "+getrange", "+ping", "+set", "+get", "+del", "+eval", "+scan", "+zadd",
+                   "+zremrangebyrank", "+zrevrange"))
+    url = "redis://old-box:old-box-password@127.0.0.1:%d/0" % own_server.port
+    box = RemoteStore(url, fleet_key, namespace="old", timeout=5.0)
+    blobs = seed(box, 5)
+    members = admin.execute(("ZRANGE", "old:ws:v4/" + PRODUCER_TARGET, 0, -1))[0]
+    assert sorted(m.decode() for m in members) == sorted(blobs)  # every upload recorded, the first included
+    assert box.state == "ok"
+    reader = RemoteStore(url, fleet_key, namespace="old", timeout=5.0)
+    for name in sorted(blobs):
+        assert reader.get(name) == blobs[name]
+    assert reader.prefetched == 4
+    admin.close()
+
+
+def test_a_large_value_read_into_its_own_buffer_passes_every_check_and_is_kept_locally(make_store, tmp_path):
+    """Values of 64 KiB and more arrive as one bytearray (resp.BIG_BULK): an entry of 3 MiB goes through
+    the working set and a single fetch, is decoded to bytes and written to the local cache."""
+    from ptxbackend.cache import resp
+    payload = os.urandom(3 << 20)
+    big = entry_format.encode(payload, {"key": key_of(1), "kind": "ptx"})
+    assert len(big) >= resp.BIG_BULK
+    writer = make_store()
+    writer.put(name_of(1), big)
+    writer.put(name_of(2), entry_format.encode(payload[:1 << 17], {"key": key_of(2), "kind": "ptx"}))
+    cache = EntryCache(DirectoryStore(str(tmp_path / "local"), 1 << 30, 5.0), make_store(mode="ro"))
+    found = cache.read(name_of(1), key_of(1), "ptx")  # a single fetch (its own value)
+    assert found is not None and isinstance(found[0], bytes) and found[0] == payload
+    found = cache.read(name_of(2), key_of(2), "ptx")  # from the working set, in memory
+    assert found is not None and found[0] == payload[:1 << 17] and cache.remote.requests == 1
+    cache.flush()
+    assert cache.local.get(name_of(1)) == big

@@ -107,10 +107,19 @@ class EntryCache(object):
         except OSError as exc:
             self.note_unwritable(exc)
 
-    def write(self, name, payload, metadata, deps=b""):
-        """Store an entry locally (raises ``OSError``, e.g. ENOSPC), then upload it (best effort)."""
+    def write(self, name, payload, metadata, deps=b"", derived_from=None):
+        """Store an entry locally (raises ``OSError``, e.g. ENOSPC), then upload it (best effort).
+
+        ``derived_from``: the entry this one was made from (a JIT cubin's PTX); when that one may not
+        be sent on (:mod:`.provenance`), neither may this one: it is marked and not uploaded.
+        """
         blob = entry_format.encode(payload, metadata, deps)
         self.local.put(name, blob)
+        if derived_from is not None:
+            vouched = provenance.source_vouched(self.local, derived_from)
+            provenance.remember(self.local, name, blob, vouched)
+            if not vouched:
+                return
         # Every entry's group lists the set it names: a JIT cubin's group is fetched without its
         # PTX's, and would otherwise cost a new machine a second round trip for the set.
         self._upload(name, blob, (layout.depset_name(bytes(deps).decode("ascii")),) if deps else ())

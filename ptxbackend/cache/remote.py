@@ -40,6 +40,11 @@ speed, because a fleet cache is a remote, shared, writable place:
   same pipeline (:mod:`.workingset`); each value authenticates before it is
   kept in memory, and a later lookup takes it from there.
 
+* **Read-only means read-only.**  A ``ro`` store sends reads only: no write, no
+  ``EXPIRE``, no script.  The working set comes through a server function an
+  ``rw`` machine loads (``FUNCTION LOAD``) and every machine calls with
+  ``FCALL_RO``, so a line PC's server user needs no script rights at all.
+
 Keys on the server are ``<namespace>:v<schema>/<name>`` for values and
 ``<namespace>:lock:v<schema>/<name>`` for the fleet-wide compile locks, so one server
 can hold several fleets and schema versions side by side.  Eviction is the
@@ -139,7 +144,7 @@ def redact_url(url):
     ``/`` cannot leak a piece of itself, and a URL that does not parse is not echoed at all.
     """
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(resp.normalize_url(url))
         host = parts.hostname or ""
         port = parts.port
         user = parts.username
@@ -195,7 +200,7 @@ def _write_refused(exc):
 
 def _string(reply):
     """``reply`` if it is a string (bytes); a hostile server's integer or array is a fault."""
-    if not isinstance(reply, bytes):
+    if not isinstance(reply, (bytes, bytearray)):  # bytearray: a large value (resp.BIG_BULK)
         raise resp.Fault("the server answered %s where a string was expected" % type(reply).__name__)
     return reply
 
@@ -238,6 +243,7 @@ class RemoteStore(Store):
                              "and '-' (at most 64)" % (namespace,))
         if not timeout or timeout <= 0:
             raise ValueError("the fleet store timeout must be a positive number of seconds, not %r" % (timeout,))
+        url = resp.normalize_url(url)  # a raw '/', '?' or '#' in the password: still the password
         self._url, self._cluster = _split_cluster(url)
         self._endpoint = resp.Endpoint(url, password)  # refuses query arguments that loosen anything
         self._key = key
@@ -262,6 +268,10 @@ class RemoteStore(Store):
         self._fetched = set()  # groups whose working set this process asked for
         self._recent_group = None  # the group a dependency set's use is recorded in
         self._used = []  # (group, name) served from memory, recorded with the next request
+        #: Whether the server has the working set's function library (None: not known yet).  A cluster
+        #: never uses it (the set and the values live on different slots).
+        self._functions = False if self._cluster else None
+        self._load_sent = False  # this process (rw) asked the server to load the library
         self._exit_registered = False
         #: Values the working set brought in and that verified.
         self.prefetched = 0
@@ -429,30 +439,83 @@ class RemoteStore(Store):
         redis_key = self._prefix + name
         # One byte past the bound: a longer answer is refused without ever reading it all.
         commands = [("GETRANGE", redis_key, 0, HEADER_SIZE + MAX_VALUE)]
-        if self.ttl:
-            commands.append(("EXPIRE", redis_key, self.ttl))  # a hit keeps the value alive; a miss: no-op
+        if self.ttl and self.writable:
+            # A hit keeps the value alive (a miss: no-op).  Not from a read-only line PC: its server
+            # user has no EXPIRE, which would let it expire every value of the fleet at once.
+            commands.append(("EXPIRE", redis_key, self.ttl))
+        load_at = self._add_load(commands)
         fetch = self._claim_fetch(group)
+        fetch_at = len(commands)
         if fetch is not None:
             commands.append(self._fetch_command(fetch))
-        commands.extend(self._touches(name, group))
+        touch_at = len(commands)
+        touches, used = self._touches(name, group)
+        commands.extend(touches)
         replies = self._call(level, lambda client: _main(client.results(*commands), string=True))
         if replies is _SKIP:
             if fetch is not None:
                 self._fetched.discard(group)  # asked again once the store answers
+            self._load_failed(load_at)
             return None
+        self._upkeep(commands, replies, load_at, touch_at, used)
         if fetch is not None:
-            self._take_working_set(name, replies[2 if self.ttl else 1])
+            self._take_working_set(name, fetch, commands[fetch_at], replies[fetch_at])
         return self._verify(level, redis_key, replies[0])
 
     def record_uses(self):
         """Record the uses served from memory that no request carried yet (at exit: a program whose
-        every kernel came from the working set still refreshes their place in it)."""
+        every kernel came from the working set still refreshes their place in it): one command per
+        group, whatever the number of kernels."""
         if not self._used or self._off():
             return
-        commands = self._touches(None, None)
-        if commands:
+        commands = []
+        load_at = self._add_load(commands)
+        touches, used = self._touches(None, None)
+        if touches:
+            commands.extend(touches)
             # At exit: a server gone by then is not worth a warning the program's user would see last.
-            self._call("other", lambda client: client.results(*commands), write=True, quiet=True)
+            replies = self._call("other", lambda client: client.results(*commands), write=True, quiet=True)
+            if replies is _SKIP:
+                self._load_failed(load_at)
+            else:
+                self._upkeep(commands, replies, load_at, len(commands) - len(touches), used)
+
+    # -- the server's function library (workingset.LIBRARY) ---------------------------------------------
+
+    def _add_load(self, commands):
+        """Append the library's FUNCTION LOAD to ``commands`` once per rw process, before the first
+        call of it (pipelined: no round trip of its own); its index, or ``None``.  Read-only line PCs
+        never load anything: their server user may not."""
+        if not self.writable or self._functions is not None:
+            return None
+        with self._guard:
+            if self._load_sent:
+                return None
+            self._load_sent = True
+        commands.append(("FUNCTION", "LOAD", workingset.LIBRARY))
+        return len(commands) - 1
+
+    def _load_failed(self, load_at):
+        if load_at is not None:
+            self._load_sent = False  # the request did not go through: the next one asks again
+
+    def _upkeep(self, commands, replies, load_at, touch_at, used):
+        """Learn from the library's load whether the server has it, and record again, as plain
+        commands, uses whose FCALL the server refused (no library: Redis 6, or an ACL without it)."""
+        if load_at is not None:
+            reply = replies[load_at]
+            # "already exists": loaded by another process (the name carries the version).
+            self._functions = (isinstance(reply, bytes) or (isinstance(reply, resp.ReplyError)
+                                                            and "already exists" in str(reply)))
+            if not self._functions:
+                log.debug("ptxbackend: the fleet store did not load the working set's functions: %s", reply)
+        refused = [index for index in range(touch_at, len(commands))
+                   if commands[index][0] == "FCALL" and isinstance(replies[index], resp.ReplyError)]
+        if refused:
+            self._functions = False
+            with self._guard:
+                self._used = used + self._used
+            self.record_uses()
 
     def _group(self, name):
         group = workingset.group_of(name)
@@ -472,46 +535,70 @@ class RemoteStore(Store):
         return self._set_prefix + group
 
     def _touches(self, name, group, companions=()):
-        """Commands recording this use (and of ``companions``, in the same group) and those served from
-        memory since the last request (rw only: a read-only line PC writes nothing)."""
+        """``(commands, uses)``: the commands recording this use (and of ``companions``, in the same
+        group) and those served from memory since the last request, one command per group where the
+        server has the library (rw only: a read-only line PC writes nothing)."""
         if not self.writable:
-            return []
+            return [], []
         with self._guard:
             used, self._used = self._used, []
         if group is not None:
             used.append((group, name))
             used.extend((group, companion) for companion in companions)
         now = int(time.time() * 1000)
-        commands = []
+        by_group = {}
         for used_group, used_name in used:
-            commands.extend(workingset.touch(self._set_prefix + used_group, used_name, now))
-        return commands
+            by_group.setdefault(used_group, []).append(used_name)
+        functions = self._functions is not False  # unknown: the load is in this same pipeline
+        commands = []
+        for used_group in sorted(by_group):
+            commands.extend(workingset.touch(self._set_prefix + used_group, by_group[used_group], now, functions))
+        return commands, used
 
     def _fetch_command(self, set_key):
-        """The command that fetches a working set (with its values on one server; names on a cluster)."""
-        if self._cluster:
+        """The command that fetches a working set: its names and values through the library's
+        read-only function, or only its names (a cluster, or a server without the library)."""
+        if self._functions is False:
             return ("ZREVRANGE", set_key, 0, workingset.FETCH_COUNT - 1)
-        return ("EVAL", workingset.FETCH_SCRIPT, 1, set_key, self._prefix, workingset.FETCH_COUNT,
+        return ("FCALL_RO", workingset.FETCH_FUNCTION, 1, set_key, self._prefix, workingset.FETCH_COUNT,
                 workingset.FETCH_BYTES, HEADER_SIZE + MAX_VALUE)
 
-    def _take_working_set(self, name, reply):
+    def _take_working_set(self, name, set_key, command, reply):
         """Keep the working set's values that verify until a lookup asks for them."""
-        for member, blob in self._working_set_values(reply, skip=name):
+        for member, blob in self._working_set_values(set_key, command, reply, skip=name):
             with self._guard:
                 self._memory[member] = blob
 
     def fetch_working_set(self, group):
         """``[(name, blob)]``: the working set of ``group`` whose values authenticate (the caller makes
-        the entry checks); ``[]`` when the store is off.  One round trip on one server (``warm --from-fleet``)."""
-        command = self._fetch_command(self._set_prefix + group)
-        reply = self._call("other", lambda client: client.results(command)[0])
-        return [] if reply is _SKIP else self._working_set_values(reply)
+        the entry checks); ``[]`` when the store is off.  One round trip on one server with the
+        library (``warm --from-fleet``)."""
+        set_key = self._set_prefix + group
+        commands = []
+        load_at = self._add_load(commands)
+        commands.append(self._fetch_command(set_key))
+        replies = self._call("other", lambda client: client.results(*commands))
+        if replies is _SKIP:
+            self._load_failed(load_at)
+            return []
+        self._upkeep(commands, replies, load_at, len(commands), [])
+        return self._working_set_values(set_key, commands[-1], replies[-1])
 
-    def _working_set_values(self, reply, skip=None):
-        if isinstance(reply, resp.ReplyError):  # EVAL refused (an ACL, a script-less server): no prefetch
+    def _working_set_values(self, set_key, command, reply, skip=None):
+        if command[0] == "FCALL_RO" and isinstance(reply, resp.ReplyError):
+            # No library (Redis 6, not loaded yet by a build box, an ACL without FCALL_RO): the names,
+            # then their values, in two round trips from here on.
+            log.debug("ptxbackend: the fleet store's working-set function did not answer (%s); "
+                      "fetching the names, then the values", reply)
+            self._functions = False
+            command = self._fetch_command(set_key)
+            reply = self._call("other", lambda client: client.results(command)[0])
+            if reply is _SKIP:
+                return []
+        if isinstance(reply, resp.ReplyError):
             log.debug("ptxbackend: the fleet store did not send the working set: %s", reply)
             return []
-        if self._cluster:
+        if command[0] == "ZREVRANGE":
             names = [member for member in reply if workingset.valid_name(member)
                      and member.decode("ascii") != skip] if isinstance(reply, list) else []
             # Per key: a cluster keeps them on any slot.
@@ -532,8 +619,12 @@ class RemoteStore(Store):
         return found
 
     def _verify(self, level, redis_key, raw, count_hit=True):
-        """The blob inside ``raw`` (what GETRANGE sent for ``redis_key``) if it authenticates, else ``None``."""
-        if not isinstance(raw, bytes):
+        """The blob inside ``raw`` (what GETRANGE sent for ``redis_key``) if it authenticates, else ``None``.
+
+        A large value arrives as a ``bytearray`` (:data:`.resp.BIG_BULK`) and is handed on as one,
+        its header cut off in place: no second copy of a value that may be 256 MiB.
+        """
+        if not isinstance(raw, (bytes, bytearray)):
             self._reject(level, redis_key, "the server sent something else than a value")
             return None
         if not raw:  # GETRANGE answers b"" for an absent key
@@ -549,15 +640,20 @@ class RemoteStore(Store):
                                            "with")
             return None
         view = memoryview(raw)
-        blob = view[HEADER_SIZE:]
-        expected = _mac(self._key, redis_key.encode("utf-8"), blob)
-        if not hmac.compare_digest(expected, raw[len(MAGIC):HEADER_SIZE]):
+        try:
+            expected = _mac(self._key, redis_key.encode("utf-8"), view[HEADER_SIZE:])
+        finally:
+            view.release()
+        if not hmac.compare_digest(expected, bytes(raw[len(MAGIC):HEADER_SIZE])):
             self._reject(level, redis_key, "its authentication code does not match: the fleet key differs "
                                            "from the one that stored it, or the value was tampered with")
             return None
         if count_hit:
             self._bump(level, "hits")
-        return blob.tobytes()
+        if isinstance(raw, bytearray):
+            del raw[:HEADER_SIZE]  # in place: CPython moves the start, it copies nothing
+            return raw
+        return raw[HEADER_SIZE:]
 
     def put(self, name, blob, companions=()):
         """Store ``blob`` under ``name``; ``companions``: names a reader of ``name`` needs too (its
@@ -574,9 +670,17 @@ class RemoteStore(Store):
         command = ("SET", redis_key, seal(self._key, redis_key.encode("utf-8"), blob))
         if self.ttl:
             command += ("EX", self.ttl)
-        commands = [command] + self._touches(name, self._group(name), companions)
-        if self._call(level, lambda client: _main(client.results(*commands)), write=True) is not _SKIP:
-            self._bump(level, "puts")
+        commands = [command]
+        load_at = self._add_load(commands)
+        touch_at = len(commands)
+        touches, used = self._touches(name, self._group(name), companions)
+        commands.extend(touches)
+        replies = self._call(level, lambda client: _main(client.results(*commands)), write=True)
+        if replies is _SKIP:
+            self._load_failed(load_at)
+            return
+        self._bump(level, "puts")
+        self._upkeep(commands, replies, load_at, touch_at, used)
 
     def delete(self, name):
         if not self.writable or self._off():
@@ -785,7 +889,7 @@ def open_remote(settings):
     ``reason`` is one sentence saying why the configured store cannot be used; the caller logs it and
     goes on with the local cache.  Nothing is sent to the server here.
     """
-    url = (getattr(settings, "remote", None) or "").strip()
+    url = resp.normalize_url((getattr(settings, "remote", None) or "").strip())
     if not url:
         return None, None
     try:

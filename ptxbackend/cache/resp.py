@@ -26,10 +26,14 @@ import ssl
 import stat as stat_module
 import time
 
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 MAX_LINE = 64 << 10
 MAX_ITEMS = 1 << 16
+#: A bulk string at least this long is read straight into one buffer of its exact size (returned as a
+#: ``bytearray``): a 256 MiB value then costs 256 MiB, not the three copies that growing a read buffer,
+#: slicing it and making bytes of the slice would hold at once.
+BIG_BULK = 1 << 16
 _MAX_DEPTH = 2
 #: Query arguments a fleet store URL may carry; any other (``socket_timeout=``, ``ssl_cert_reqs=none``
 #: ...) is refused, so nothing in the URL loosens the configured timeout or the TLS checks.
@@ -44,11 +48,39 @@ class ReplyError(Exception):
     """The server answered an error reply (``-ERR ...``, ``-WRONGPASS ...``); the text is the server's."""
 
 
+def normalize_url(url):
+    """``url`` with a password (or user name) holding a raw ``/``, ``?`` or ``#`` percent-encoded, so
+    that it parses as the password it is.
+
+    Parsed as written, ``redis://:ab/cd@host/0`` would be the host ``""``, the password ``ab`` and
+    the path ``/cd@host/0``: a login with the wrong password, and a redacted form that prints
+    ``cd``.  A ``@`` after where the host would end means the user part went on: it runs to the last
+    ``@`` (a host, port, database or query never holds one; an ``ssl_ca_certs`` path with ``@`` must
+    be percent-encoded).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest or rest.startswith("/"):
+        return url  # no user part (unix:///run/valkey@main/valkey.sock is a path, '@' and all)
+    end = len(rest)
+    for mark in "/?#":
+        found = rest.find(mark)
+        if 0 <= found < end:
+            end = found
+    # A socket's path starts with '/' and may hold '@' itself: the user part ends at the first "@/".
+    at = rest.find("@/") if scheme.lower() == "unix" else rest.rfind("@")
+    if at < end:
+        return url  # the user part ends before the first '/', '?' or '#': it parses as it is
+    userinfo, host = rest[:at], rest[at + 1:]
+    user, colon, password = userinfo.partition(":")
+    encoded = quote(unquote(user), safe="") + (colon + quote(unquote(password), safe="") if colon else "")
+    return "%s://%s@%s" % (scheme, encoded, host)
+
+
 class Endpoint(object):
     """Where the server is and how to log in, parsed from a ``redis://``, ``rediss://`` or ``unix://`` URL."""
 
     def __init__(self, url, password=None):
-        parts = urlsplit(url)
+        parts = urlsplit(normalize_url(url))
         self.scheme = parts.scheme.lower()
         self.tls = self.scheme == "rediss"
         query = {}
@@ -85,23 +117,50 @@ def check_socket_owner(path, uid=None):
 
     Trusted: a socket of yours or root's, or one in a directory that only the socket's owner can
     write to (``/run/valkey`` of the ``valkey`` user).  Refused: another user's socket where others
-    may create files (``/tmp``): whoever binds that path first receives the password.
+    may create files (``/tmp``): whoever binds that path first receives the password.  And every
+    directory on the way to it must be yours, root's or the socket owner's, and writable by no one
+    else unless sticky (``/tmp``): whoever may rename entries in a directory on the path could put
+    their own socket there between this check and the connect.  The caller connects to
+    :func:`socket_path`, the path checked here with its directories' links resolved.
     """
     uid = os.getuid() if uid is None else uid
+    real = socket_path(path)
     try:
-        st = os.lstat(path)
-        parent = os.stat(os.path.dirname(os.path.abspath(path)))
+        st = os.lstat(real)
+        parent = os.stat(os.path.dirname(real))
     except OSError as exc:
         return "the socket %s cannot be examined: %s" % (path, exc.strerror or exc)
     if not stat_module.S_ISSOCK(st.st_mode):
         return "%s is not a Unix socket" % path
-    if st.st_uid in (uid, 0):
-        return None
-    if parent.st_uid == st.st_uid and not parent.st_mode & 0o022:
-        return None
-    return ("the socket %s belongs to uid %d, in a directory others can write to: anyone could have "
-            "created it; run the server as yourself or root, or put its socket in a directory of its own"
-            % (path, st.st_uid))
+    if st.st_uid not in (uid, 0) and not (parent.st_uid == st.st_uid and not parent.st_mode & 0o022):
+        return ("the socket %s belongs to uid %d, in a directory others can write to: anyone could have "
+                "created it; run the server as yourself or root, or put its socket in a directory of its own"
+                % (path, st.st_uid))
+    trusted = (uid, 0, st.st_uid)
+    directory = os.path.dirname(real)
+    while True:
+        try:
+            info = os.lstat(directory)
+        except OSError as exc:
+            return "the directory %s of the socket %s cannot be examined: %s" % (directory, path, exc.strerror or exc)
+        if info.st_uid not in trusted:
+            return ("the socket %s lies in %s, which belongs to uid %d: that user could put a socket of "
+                    "their own there and receive the password; move the socket to a directory of yours, "
+                    "root's or the server's" % (path, directory, info.st_uid))
+        if info.st_mode & 0o022 and not info.st_mode & stat_module.S_ISVTX:
+            return ("the socket %s lies in %s, which others can write to (mode %o): anyone could put a "
+                    "socket of their own there and receive the password" % (path, directory,
+                                                                            info.st_mode & 0o7777))
+        up = os.path.dirname(directory)
+        if up == directory:
+            return None
+        directory = up
+
+
+def socket_path(path):
+    """``path`` with the links of its directories resolved (the socket itself is never followed)."""
+    absolute = os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
 
 
 class _Reader(object):
@@ -115,20 +174,26 @@ class _Reader(object):
         self.pos = 0
         self.left = max_reply + MAX_LINE  # bytes this operation may still receive, all replies together
 
-    def _fill(self):
+    def _wait(self):
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise Fault("the operation ran past its deadline")
         self.sock.settimeout(left)
+
+    def _received(self, count):
+        if not count:
+            raise Fault("the server closed the connection")
+        self.left -= count
+        if self.left < 0:
+            raise Fault("the server sent more than %d bytes for one operation" % (self.max_reply + MAX_LINE))
+
+    def _fill(self):
+        self._wait()
         try:
             chunk = self.sock.recv(min(1 << 16, max(1, self.left + 1)))
         except socket.timeout:
             raise Fault("the operation ran past its deadline")
-        if not chunk:
-            raise Fault("the server closed the connection")
-        self.left -= len(chunk)
-        if self.left < 0:
-            raise Fault("the server sent more than %d bytes for one operation" % (self.max_reply + MAX_LINE))
+        self._received(len(chunk))
         if self.pos:
             del self.buf[:self.pos]
             self.pos = 0
@@ -154,6 +219,31 @@ class _Reader(object):
             raise Fault("the server announced a %s of %d, over the bound of %d" % (what, number, limit))
         return number
 
+    def _big(self, size):
+        """A bulk string of ``size`` bytes read into one buffer of its own (what is buffered already
+        first, then the socket straight into the rest), never past its end: the next reply's bytes
+        stay on the socket."""
+        data = bytearray(size + 2)
+        view = memoryview(data)
+        try:
+            have = len(self.buf) - self.pos
+            view[:have] = self.buf[self.pos:]
+            self.buf, self.pos = bytearray(), 0
+            while have < size + 2:
+                self._wait()
+                try:
+                    count = self.sock.recv_into(view[have:], min(size + 2 - have, max(1, self.left + 1)))
+                except socket.timeout:
+                    raise Fault("the operation ran past its deadline")
+                self._received(count)
+                have += count
+        finally:
+            view.release()
+        if data[size:] != b"\r\n":
+            raise Fault("a bulk string does not end where its length says")
+        del data[size:]
+        return data
+
     def reply(self, depth=0):
         line = self._line()
         head = line[:1]
@@ -170,6 +260,8 @@ class _Reader(object):
             size = self._count(line, self.max_reply, "bulk string")
             if size < 0:
                 return None
+            if size >= BIG_BULK and len(self.buf) - self.pos < size + 2:
+                return self._big(size)
             while len(self.buf) - self.pos < size + 2:
                 self._fill()
             data = bytes(self.buf[self.pos:self.pos + size])
@@ -299,7 +391,7 @@ class Client(object):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(left)
             try:
-                sock.connect(point.path)
+                sock.connect(socket_path(point.path))
             except BaseException:
                 sock.close()
                 raise

@@ -51,7 +51,8 @@ def loadable_image(artifact, cubin_cache=None):
     cubin = driver.link_ptx(artifact.image)
     try:
         cache.write(name, cubin, entry_format.metadata(artifact.key, artifact.target, artifact.producer, (), "jit",
-                                                device_cc=cc, driver=driver.driver_build()), artifact.deps)
+                                                device_cc=cc, driver=driver.driver_build()), artifact.deps,
+                    derived_from=artifact.name)
     except OSError as exc:
         cache.note_unwritable(exc)
     return cubin, "cubin"

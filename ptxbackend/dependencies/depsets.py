@@ -343,15 +343,24 @@ def well_formed(body):
     for item in absent:
         if not (isinstance(item, list) and len(item) == 6 and isinstance(item[0], str) and ints(item[1:4])
                 and isinstance(item[4], bool) and isinstance(item[5], list)
-                and all(isinstance(n, str) and n and not n.startswith("/")
-                        and not set(n.split("/")) & {"", ".", ".."} for n in item[5])):
+                and all(isinstance(n, str) and (n not in _NO_NAMES if "/" not in n else _relative_name(n))
+                        for n in item[5])):
             return False
     return isinstance(body.get("date", ""), str) and isinstance(body.get("date_from_epoch", False), bool)
 
 
+_NO_NAMES = ("", ".", "..")
+
+
+def _relative_name(name):
+    """A name below a directory (``later/deeper/val.cuh``): no part of it empty, ``.`` or ``..``."""
+    return not set(name.split("/")) & set(_NO_NAMES)
+
+
 # -- checking ------------------------------------------------------------------------------------
 class _Parsed(object):
-    __slots__ = ("files", "absent", "present", "date", "date_from_epoch", "watch", "watch_files", "absolute")
+    __slots__ = ("files", "absent", "present", "date", "date_from_epoch", "watch_files", "absolute",
+                 "_watch", "_watch_epoch")
 
     def __init__(self, body):
         self.files = [tuple(item) for item in body["files"]]
@@ -359,32 +368,29 @@ class _Parsed(object):
         self.present = body.get("present", ())
         self.date = body.get("date")
         self.date_from_epoch = bool(body.get("date_from_epoch"))
-        watch = set(item[0] for item in self.absent)
-        watch.update(os.path.dirname(path) or os.curdir for path in self.present)
-        for item in self.files:
-            # The file's directory, every link's on the way and the target's (an edit through the
-            # link or a retarget is an event there), and the file itself: a write through a hard
-            # link in a directory nobody watches is an event on the inode only.
-            watch.update(_file_directories(item[0]))
-        self.watch = sorted(watch)
         self.watch_files = [item[0] for item in self.files if os.path.isabs(item[0])]
         # A relative path is looked up in whatever the working directory is at the time (NVRTC's
         # quoted includes): its check and watch hold for one working directory.
-        self.absolute = all(os.path.isabs(d) for d in self.watch)
+        self.absolute = (len(self.watch_files) == len(self.files) and all(os.path.isabs(p) for p in self.present)
+                         and all(os.path.isabs(item[0]) for item in self.absent))
+        self._watch, self._watch_epoch = None, None
 
-
-def _file_directories(path):
-    found = _file_dirs_memo.get(path)
-    if found is None:
-        found = watching.file_directories(path) if os.path.isabs(path) else [os.path.dirname(path) or os.curdir]
-        with _lock:
-            if len(_file_dirs_memo) >= _LIMIT:
-                _file_dirs_memo.clear()
-            _file_dirs_memo[path] = found
-    return found
-
-
-_file_dirs_memo = {}
+    @property
+    def watch(self):
+        """The directories to watch, worked out again after any change: what a link on the way
+        resolves to may be what changed."""
+        epoch = _owner[1]
+        if self._watch is None or self._watch_epoch != epoch:
+            watch = set(item[0] for item in self.absent)
+            watch.update(os.path.dirname(path) or os.curdir for path in self.present)
+            # The file's directory, every link's on the way and the target's (an edit through the
+            # link or a retarget is an event there), and the file itself: a write through a hard
+            # link in a directory nobody watches is an event on the inode only.
+            watch.update(os.path.dirname(item[0]) or os.curdir for item in self.files
+                         if not os.path.isabs(item[0]))
+            watch.update(watching.files_directories(self.watch_files))
+            self._watch, self._watch_epoch = sorted(watch), epoch
+        return self._watch
 
 
 def _watch_dirs(parsed):
@@ -401,7 +407,8 @@ def _watch_dirs(parsed):
                     if not os.path.isdir(current):
                         break
                     deeper.append(current)
-    return parsed.watch + deeper if deeper else parsed.watch
+    watch = parsed.watch
+    return watch + deeper if deeper else watch
 
 
 def fresh(section, load, complete=True, missing_ok=False):
@@ -453,7 +460,6 @@ def _forget_what_changed():
         with _lock:
             _valid.clear()
             _built.clear()
-            _file_dirs_memo.clear()  # a link on the way may have been retargeted
             _owner[:] = [process_id(), epoch]
 
 
@@ -580,7 +586,6 @@ def forget():
         _facts_memo.clear()
         _realpaths.clear()
         _classified.clear()
-        _file_dirs_memo.clear()
 
 
 # -- whose headers -------------------------------------------------------------------------------

@@ -242,6 +242,11 @@ class ChangeWatcher(object):
     def __init__(self, inotify):
         self._inotify = inotify
         self._watched = set()
+        # By name, until the next change: a file replaced by a rename (a change in its watched
+        # directory) is another inode, and a directory reached through a retargeted link another
+        # directory, which the old watches do not cover, so after any change each is watched again
+        # (the kernel gives an inode already watched its same watch back).
+        self._watched_files = set()
 
     @classmethod
     def open(cls):
@@ -260,22 +265,18 @@ class ChangeWatcher(object):
         hard link in another directory makes no event in this one's); ``False`` if any could not be
         watched."""
         ok = True
-        for path, only_directory in [(d, True) for d in directories] + [(f, False) for f in files]:
-            marker = path
-            if not only_directory:
-                # A file replaced by a rename is another inode, which the old watch does not cover.
-                try:
-                    st = os.stat(path)
-                except OSError:
+        for path in directories:
+            if path not in self._watched:
+                if self._inotify.watch(path, CHANGES, True):
+                    self._watched.add(path)
+                else:
                     ok = False
-                    continue
-                marker = (path, st.st_dev, st.st_ino)
-            if marker in self._watched:
-                continue
-            if self._inotify.watch(path, CHANGES, only_directory):
-                self._watched.add(marker)
-            else:
-                ok = False
+        for path in files:
+            if path not in self._watched_files:
+                if self._inotify.watch(path, CHANGES, False):
+                    self._watched_files.add(path)
+                else:
+                    ok = False
         return ok
 
     def changed(self):
@@ -288,4 +289,9 @@ class ChangeWatcher(object):
                 self._watched.clear()
             elif mask & (CHANGES | IN_Q_OVERFLOW):
                 seen = True
+        if seen:
+            # Watched again at the next check, where each name now leads: a directory reached
+            # through a link that was retargeted is another directory.
+            self._watched.clear()
+            self._watched_files.clear()
         return seen
