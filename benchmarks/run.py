@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """ptxbackend benchmarks: the cubin path against the PTX path, side by side, with one command.
 
-    python benchmarks/run.py SUITE [SUITE'S OPTIONS]   (one measurement, named for what it measures)
+    python benchmarks/run.py SUITE [--quick] [SUITE'S OPTIONS]   (one measurement, named for what it
+                                                       measures; --quick: its smallest size)
     python benchmarks/run.py --list                    (the suites and the script behind each)
     python benchmarks/run.py [--quick] [--out DIR] [--sections compile,warm,...]
     python benchmarks/run.py --sections warm --ptxbackend-src OLD --out BEFORE  (an older ptxbackend)
@@ -202,6 +203,22 @@ SUITES = (
 )
 
 
+# ``run.py SUITE --quick`` for a script suite: its smallest size, as these options placed before the
+# user's (argparse keeps the last value given, so an explicit option still wins).  A section suite takes
+# --quick itself; warm-compare has no size.
+QUICK = {
+    "hit": ["--pairs", "1"],
+    "miss": ["--kernels", "2", "--pairs", "2"],
+    "cupy-ab": ["--rounds", "1", "--kernels", "10"],
+    "chainer-ab": ["--rounds", "1", "--kernels", "10"],
+    "anatomy": ["--kernels", "10"],
+    "chainer-fleet": ["--rounds", "1", "--kernels", "10"],
+    "fleet-scale": ["--processes", "4", "--kernels", "50"],
+    "deps": ["--kernels", "10", "--reps", "3"],
+    "pch": ["--kernels", "4", "--rounds", "2"],
+}
+
+
 def _suite_main(argv):
     """``run.py SUITE ...`` and ``run.py --list``; None when argv is the section runner's."""
     if not argv:
@@ -223,7 +240,11 @@ def _suite_main(argv):
     import subprocess
     script = names[argv[0]].split()
     script[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), script[0])
-    return subprocess.call([sys.executable] + script + list(argv[1:]))
+    rest = list(argv[1:])
+    if "--quick" in rest:
+        rest.remove("--quick")
+        rest = QUICK.get(argv[0], []) + rest
+    return subprocess.call([sys.executable] + script + rest)
 
 
 def main(argv=None):

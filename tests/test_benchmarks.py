@@ -445,3 +445,19 @@ def test_miss_suite_runs_two_trees_in_rotated_rounds(nvrtc_pch, tmp_path):
     assert len(rows) == 2 and rows[0].endswith("| 1.00 |"), proc.stdout
     assert float(rows[1].split("|")[3]) > 0
     assert "before: ptxbackend" in proc.stdout and "now: ptxbackend" in proc.stdout
+
+
+@pytest.mark.parametrize("suite, shows", [
+    ("deps", "| ratio | "),
+    ("pch", "on / off, the rest, per round:"),
+    ("fleet-scale", '"states"'),
+])
+def test_cpu_script_suites_run_at_their_quick_size(suite, shows, nvrtc_pch):
+    """``run.py SUITE --quick`` on a CPU box: the suite's smallest size, its figures printed (no timing is
+    judged here), so a suite broken by a change fails CI rather than the next measurement."""
+    if suite == "deps":
+        pytest.importorskip("cupy")
+    lib = [n for n in os.listdir(nvrtc_pch) if n.startswith("libnvrtc.so")][0]
+    proc = _run_py([suite, "--quick"], timeout=600, env=dict(os.environ, PTXBACKEND_NVRTC=os.path.join(nvrtc_pch, lib)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert shows in proc.stdout, proc.stdout[-3000:]
