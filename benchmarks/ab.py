@@ -404,6 +404,17 @@ def launch(script, mark, mode, arm, caches, env, args, annotate=None):
     return result
 
 
+def json_child(script, args, env=None, cwd=None, what="child"):
+    """Run ``script ARGS`` in a fresh interpreter that prints its result as its last line of JSON; that
+    result, or SystemExit with the child's last words (a package-using workload: hit, miss)."""
+    done = subprocess.run([sys.executable, os.path.abspath(script)] + list(args), capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})), cwd=cwd or tempfile.gettempdir())
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        raise SystemExit("%s: rc=%d: %s" % (what, done.returncode, (done.stderr + done.stdout).strip()[-2000:]))
+    return json.loads(lines[-1])
+
+
 def record_check(results, arm, got):
     """Keep and print an arm's check; stop before any timing if it failed (a broken arm wastes the budget)."""
     results["checks"][arm["name"]] = got

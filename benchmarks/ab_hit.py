@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,11 +74,10 @@ def child(args):
 
 
 def _run_child(src, headers, cache, compiler, target, compile_only=False):
-    env = dict(os.environ, PTXBACKEND_CACHE_DIR=cache, PTXBACKEND_DISABLE="1")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--src", src, "--compiler", compiler,
-           "--target", target] + (["--headers"] if headers else []) + (["--compile-only"] if compile_only else [])
-    out = subprocess.check_output(cmd, env=env, cwd=tempfile.gettempdir())
-    return json.loads(out.decode().strip().splitlines()[-1])
+    # PTXBACKEND_DISABLE: no installed copy's hook in the child; it imports the tree's package itself
+    return ab.json_child(__file__, ["--child", "--src", src, "--compiler", compiler, "--target", target] +
+                         (["--headers"] if headers else []) + (["--compile-only"] if compile_only else []),
+                         env={"PTXBACKEND_CACHE_DIR": cache, "PTXBACKEND_DISABLE": "1"}, what=src)
 
 
 def main(argv=None):

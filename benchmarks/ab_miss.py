@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -89,14 +88,10 @@ def main(argv=None):
     own = {name: [] for name, _ in trees}
     for r in range(args.pairs):
         for name, tree in ab.round_order(trees, r):
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", tree,
-                                   "--kernels", str(args.kernels), "--tree", "x"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-                                  cwd=args.cwd or tempfile.mkdtemp(prefix="bench-miss-cwd-"),
-                                  env=dict(os.environ, PTXBACKEND_DISABLE="1"))  # no installed copy's hook
-            if done.returncode:
-                raise SystemExit("%s: %s" % (name, done.stderr.strip()[-2000:]))
-            own[name] += json.loads(done.stdout.strip().splitlines()[-1])["own_ms"]
+            got = ab.json_child(__file__, ["--child", tree, "--kernels", str(args.kernels), "--tree", "x"],
+                                env={"PTXBACKEND_DISABLE": "1"},  # no installed copy's hook
+                                cwd=args.cwd or tempfile.mkdtemp(prefix="bench-miss-cwd-"), what=name)
+            own[name] += got["own_ms"]
     for arm in arms:
         print("%s: ptxbackend %s from %s" % (arm["name"], arm.get("version", "?"), arm["dir"]))
     first = statistics.median(own[trees[0][0]])
