@@ -15,9 +15,8 @@ from conftest import REPO
 
 DEVICE = os.path.join(REPO, "benchmarks", "device")
 SCRIPTS = sorted(n for n in os.listdir(DEVICE) if n.endswith(".sh"))
-# ab-h200.sh: the A/B of record, run by the lead as it is (kept byte-for-byte: its own lines);
 # stage.sh runs on this machine; driver-jit-two-users.sh makes users, it stages nothing.
-OWN_SETUP = ("ab-h200.sh", "stage.sh", "driver-jit-two-users.sh", "setup.sh")
+OWN_SETUP = ("stage.sh", "driver-jit-two-users.sh", "setup.sh")
 # What only the shared set-up does: wheels into a site folder, progress lines, the GPU line, nvcc 11.2.
 SETUP_ONLY = ("--target", "say() {", "nvidia-smi --query-gpu", "nvcc112.tar.xz -C")
 
