@@ -265,18 +265,13 @@ class ChangeWatcher(object):
         hard link in another directory makes no event in this one's); ``False`` if any could not be
         watched."""
         ok = True
-        for path in directories:
-            if path not in self._watched:
-                if self._inotify.watch(path, CHANGES, True):
-                    self._watched.add(path)
-                else:
-                    ok = False
-        for path in files:
-            if path not in self._watched_files:
-                if self._inotify.watch(path, CHANGES, False):
-                    self._watched_files.add(path)
-                else:
-                    ok = False
+        for paths, only_directory, done in ((directories, True, self._watched), (files, False, self._watched_files)):
+            for path in paths:
+                if path not in done:
+                    if self._inotify.watch(path, CHANGES, only_directory):
+                        done.add(path)
+                    else:
+                        ok = False
         return ok
 
     def changed(self):
