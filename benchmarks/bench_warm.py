@@ -26,7 +26,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import abrun
+import ab
 import benchutil
 import machine
 
@@ -143,7 +143,7 @@ def _count_ptxbackend_compiles():
     """Count the compiles the hook hands to ptxbackend, and their cache hits (a few microseconds each)."""
     from ptxbackend.compiling import engine
     stats = {"served": 0, "hits": 0, "kinds": []}
-    entry = abrun.hook_entry(engine)
+    entry = ab.hook_entry(engine)
     original = getattr(engine, entry)
 
     def counting(*args, **kwargs):

@@ -1,6 +1,6 @@
 """Issue 27 on real kernels: Chainer 1.24's CuPy v1 with nvcc 11.2 as two machines of one fleet store.
 
-The fleet mode of chainer_ab.py: the same child (a tree's start-up hook, Chainer 1.24's bundled CuPy
+The fleet mode of ab_chainer.py: the same child (a tree's start-up hook, Chainer 1.24's bundled CuPy
 v1, nvcc 11.2 behind a logging wrapper, 100 distinct ``ElementwiseKernel``s after one uncounted
 warm-up kernel), run as two machines that share one real valkey-server.  Per round and tree arm: a
 fresh valkey-server with a random password, a fresh fleet key (mode 0600) and a namespace of its own,
@@ -36,8 +36,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # valkey_server: the tests' real server
-import abrun  # noqa: E402
-import chainer_ab  # noqa: E402
+import ab  # noqa: E402
+import ab_chainer  # noqa: E402
 
 PHASES = ("a_cold", "b_first", "b_warm")
 MACHINE = {"a_cold": "a", "b_first": "b", "b_warm": "b"}
@@ -101,17 +101,17 @@ def check_fleet(arm, fleet, caches, log, args):
 # --------------------------------------------------------------------------- the children
 
 def child_env(arm, caches, log, args, fleet_env):
-    env = chainer_ab._child_env(arm, caches, log, args)  # drops inherited PTXBACKEND_*; then the fleet's
+    env = ab_chainer._child_env(arm, caches, log, args)  # drops inherited PTXBACKEND_*; then the fleet's
     env.update(fleet_env)
     return env
 
 
 def run_child(arm, caches, log, args, fleet_env):
     def annotate(result):
-        result["nvcc"] = chainer_ab._nvcc_calls(log)
+        result["nvcc"] = ab_chainer._nvcc_calls(log)
         if "total_s" in result and "warmup_s" in result:  # the program's view: its first kernel included
             result["program_ms"] = (result["warmup_s"] + result["total_s"]) / (args.kernels + 1) * 1e3
-    return abrun.launch(chainer_ab.__file__, chainer_ab.MARK, "run", arm, caches,
+    return ab.launch(ab_chainer.__file__, ab_chainer.MARK, "run", arm, caches,
                         child_env(arm, caches, log, args, fleet_env), args, annotate)
 
 
@@ -122,7 +122,7 @@ def run_round(args, arm, r, scratch, run_id):
                "chainer-fleet-%s-r%d-%s" % (run_id, r, arm["name"])) as fleet:
         for phase in PHASES:
             machine = MACHINE[phase]
-            caches = abrun.arm_caches(scratch, "r%d-%s" % (r, machine), arm, chainer_ab._CACHES)
+            caches = ab.arm_caches(scratch, "r%d-%s" % (r, machine), arm, ab_chainer._CACHES)
             log = os.path.join(stage, arm["name"], "nvcc-%s.log" % phase)
             os.makedirs(os.path.dirname(log), exist_ok=True)  # the wrapper's `>>` creates no folder
             got = run_child(arm, caches, log, args, fleet.env("rw" if machine == "a" else args.b_mode))
@@ -154,20 +154,20 @@ def _checksums_equal(per, arm, r):
 
 def summarise(results):
     """Per arm: each phase's figures over rounds, each round's b_first / b_warm, compiles and counters."""
-    per = abrun.by_arm_and_phase(results["runs"])
+    per = ab.by_arm_and_phase(results["runs"])
     out = {}
     for arm in results["arms"]:
         name = arm["name"]
         mine = dict((p, per.get((name, p), {})) for p in PHASES)
         row = {}
         for phase in PHASES:
-            row.update(abrun.phase_figures(phase, mine[phase], {}))
-            row.update(abrun.phase_figures(phase, mine[phase], {}, "program_ms", phase + "_program"))
+            row.update(ab.phase_figures(phase, mine[phase], {}))
+            row.update(ab.phase_figures(phase, mine[phase], {}, "program_ms", phase + "_program"))
             row[phase + "_nvcc_compiles"] = _per_round(mine[phase], lambda v: v.get("nvcc", {}).get("compiles"))
             for counter in COUNTERS:
                 row["%s_%s" % (phase, counter)] = _per_round(mine[phase], _counter(counter))
         for figure, label in (("per_kernel_ms", "first_vs_warm"), ("program_ms", "first_vs_warm_program")):
-            row[label] = abrun.phase_figures("b_first", mine["b_first"], mine["b_warm"], figure, label)[label + "_ratio"]
+            row[label] = ab.phase_figures("b_first", mine["b_first"], mine["b_warm"], figure, label)[label + "_ratio"]
         rounds = sorted(set(r for p in PHASES for r in mine[p]))
         row["checksums_equal"] = [_checksums_equal(per, name, r) for r in rounds]
         row["verdicts"] = _verdicts(row)
@@ -180,7 +180,7 @@ def _verdicts(row):
         values = [v for v in values if v is not None]
         return "not measured" if not values else ("met" if all(ok(v) for v in values) else "**not met**")
     ratio = row["first_vs_warm"]
-    return {"ratio": "not measured" if not ratio else abrun.verdict(ratio, TARGET_RATIO),
+    return {"ratio": "not measured" if not ratio else ab.verdict(ratio, TARGET_RATIO),
             "round_trips": judge(row["b_first_round_trips"], lambda v: v <= TARGET_TRIPS),
             # B's zero means something only where the same wrapper logged A's compiles
             "b_compiles": judge(row["b_first_nvcc_compiles"] + row["b_warm_nvcc_compiles"], lambda v: v == 0)
@@ -193,9 +193,9 @@ def _list(values):
 
 
 def render(results):
-    fmt = abrun.fmt
+    fmt = ab.fmt
     m = results["machine"]
-    lines = ["# Chainer 1.24 + nvcc 11.2, two machines of one fleet store (%s)" % abrun.started(results), "",
+    lines = ["# Chainer 1.24 + nvcc 11.2, two machines of one fleet store (%s)" % ab.started(results), "",
              "GPU: %s; Python %s; Chainer's %s (driver %s, compute capability %s); nvcc 11.2: %s; %d kernels per "
              "child; B's fleet mode %s; %d round(s) done%s." % (
                  m.get("gpu"), m.get("python"), m.get("cupy"), m.get("driver"), m.get("compute_capability"),
@@ -208,7 +208,7 @@ def render(results):
     for arm in results["arms"]:
         row = results["summary"][arm["name"]]
         v = row["verdicts"]
-        lines += ["## %s (%s)" % (arm["name"], abrun.tree_label(arm)), "",
+        lines += ["## %s (%s)" % (arm["name"], ab.tree_label(arm)), "",
                   "| phase | ms/kernel | program ms/kernel | child wall s | nvcc compiles | round trips | "
                   "remote hits | prefetched | local hits | misses | rejected / failures | errors |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -252,8 +252,8 @@ def main(argv=None):
     p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR", help="a ptxbackend source tree arm")
     p.add_argument("--b-mode", choices=("ro", "rw"), default="ro",
                    help="machine B's PTXBACKEND_REMOTE_MODE (default ro, a line PC's; A is rw)")
-    chainer_ab.add_site_options(p)
-    abrun.add_run_options(p, child_timeout=150,
+    ab_chainer.add_site_options(p)
+    ab.add_run_options(p, child_timeout=150,
                           budget_help="start no round that would end past this many seconds (from the longest "
                                       "round so far)",
                           dry_run_help="check the toolkit, each tree's hook and its use of a fleet store; no kernel")
@@ -262,23 +262,23 @@ def main(argv=None):
     t_main = time.perf_counter()
     if args.rounds < 1 or args.kernels < 1:
         p.error("--rounds and --kernels must be at least 1")
-    chainer_ab.check_site_options(p, args)
-    arms = chainer_ab._parse_arms(args.tree, False)
-    return abrun.in_scratch("chainer-fleet-", args, lambda scratch: _run(args, arms, scratch, t_main))
+    ab_chainer.check_site_options(p, args)
+    arms = ab_chainer._parse_arms(args.tree, False)
+    return ab.in_scratch("chainer-fleet-", args, lambda scratch: _run(args, arms, scratch, t_main))
 
 
 def _check(args, arms, scratch, results):
     """Each arm once before any timing: its hook takes over CuPy v1, finds the wrapper, and reaches a
     fleet store with the settings the timed children get."""
-    abrun.precompile([q for a in arms for q in abrun.tree_files(a["dir"])] +
+    ab.precompile([q for a in arms for q in ab.tree_files(a["dir"])] +
                      [os.path.join(args.site, q) for q in ("cupy", "six.py", "filelock")])
     with Fleet(args.fleet, os.path.join(scratch, "check", "fleet"), "chainer-fleet-check") as fleet:
         for arm in arms:
-            caches = abrun.arm_caches(scratch, "check", arm, chainer_ab._CACHES)
+            caches = ab.arm_caches(scratch, "check", arm, ab_chainer._CACHES)
             log = os.path.join(scratch, "check", arm["name"], "nvcc.log")
-            got = abrun.launch(chainer_ab.__file__, chainer_ab.MARK, "check", arm, caches,
+            got = ab.launch(ab_chainer.__file__, ab_chainer.MARK, "check", arm, caches,
                                child_env(arm, caches, log, args, fleet.env("rw")), args)
-            chainer_ab.record_check(results, arm, got, args)
+            ab_chainer.record_check(results, arm, got, args)
             got["fleet"] = check_fleet(arm, fleet, caches, log, args)
             print("fleet %-8s %s" % (arm["name"], got["fleet"]), flush=True)
     first = results["checks"][arms[0]["name"]]
@@ -286,33 +286,28 @@ def _check(args, arms, scratch, results):
 
 
 def _run(args, arms, scratch, t_main):
-    args.bins = {"nvcc112": chainer_ab._make_wrapper(scratch, "nvcc112", os.path.abspath(args.nvcc112))}
+    args.bins = {"nvcc112": ab_chainer._make_wrapper(scratch, "nvcc112", os.path.abspath(args.nvcc112))}
     results = {"started": time.time(), "kernels": args.kernels, "rounds": args.rounds, "arms": arms,
-               "b_mode": args.b_mode, "server": args.fleet, "site": args.site, "machine": chainer_ab._machine(),
-               "toolkits": {"nvcc112": chainer_ab._check_toolkit("nvcc112", args.bins["nvcc112"], scratch)},
+               "b_mode": args.b_mode, "server": args.fleet, "site": args.site, "machine": ab.machine(),
+               "toolkits": {"nvcc112": ab_chainer._check_toolkit("nvcc112", args.bins["nvcc112"], scratch)},
                "targets": {"first_vs_warm": TARGET_RATIO, "round_trips": TARGET_TRIPS}, "checks": {}, "runs": [],
                "rounds_done": 0}
     print("toolkit nvcc112 %s" % results["toolkits"]["nvcc112"].get("version_line"), flush=True)
     _check(args, arms, scratch, results)
-    plan = abrun.plan(args.rounds, lambda r: abrun.round_order(arms, r))
+    plan = ab.plan(args.rounds, lambda r: ab.round_order(arms, r))
     if args.dry_run:
         print("dry run: every arm checked; the real run would do, per round and arm, %s against a fresh "
               "valkey-server: %s" % (", ".join(PHASES), plan))
         return 0
     os.makedirs(args.out, exist_ok=True)
     run_id = os.urandom(4).hex()
-    longest = 0.0
-    for r in range(args.rounds):
-        if abrun.over_budget(results, args.budget_s, r, time.perf_counter() - t_main, longest):
-            break
-        t_round = time.perf_counter()
-        for arm in abrun.round_order(arms, r):
-            for phase, got in run_round(args, arm, r, scratch, run_id):
-                abrun.record_run(results, got, arm, phase, r, _figure(got))
-                abrun.save(results, args.out, summarise, render)  # a run cut off by a timeout keeps its figures
-        longest = max(longest, time.perf_counter() - t_round)
-        results["rounds_done"] = r + 1
-        abrun.save(results, args.out, summarise, render)
+
+    def run_arm(arm, r):
+        for phase, got in run_round(args, arm, r, scratch, run_id):
+            yield phase, got, _figure(got)
+
+    ab.run_rounds(results, args.rounds, lambda r: ab.round_order(arms, r), run_arm,
+                  lambda res: ab.save(res, args.out, summarise, render), args.budget_s, t_main)
     print(render(results))
     return 0
 

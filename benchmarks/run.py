@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """ptxbackend benchmarks: the cubin path against the PTX path, side by side, with one command.
 
-    python benchmarks/run.py SUITE [SUITE'S OPTIONS]   (one measurement, named for what it measures)
+    python benchmarks/run.py SUITE [--quick] [SUITE'S OPTIONS]   (one measurement, named for what it
+                                                       measures; --quick: its smallest size)
     python benchmarks/run.py --list                    (the suites and the script behind each)
     python benchmarks/run.py [--quick] [--out DIR] [--sections compile,warm,...]
     python benchmarks/run.py --sections warm --ptxbackend-src OLD --out BEFORE  (an older ptxbackend)
@@ -174,18 +175,21 @@ def _isolate_environment(ws):
     os.environ["PTXBACKEND_CACHE_DIR"] = ws.fresh("default-cache")
 
 
-# Suites by what they measure -> (script in benchmarks/ or "section NAME", what it measures).  A script
-# suite's options are the script's own (``run.py SUITE --help``) and it runs in a fresh interpreter, so its
-# imports (CuPy, an old ptxbackend tree) never leak into another's; a section suite is this runner with
-# ``--sections NAME`` and its options (results.json, results.md, plots).
+# Suites by what they measure -> (what runs it, what it measures).  "ab.py WORKLOAD" is the one A/B
+# runner (arms, rotated rounds, ratios; ab_WORKLOAD.py holds the workload); "SCRIPT.py" a script of
+# its own; either runs in a fresh interpreter with the suite's own options (``run.py SUITE --help``),
+# so its imports (CuPy, an old ptxbackend tree) never leak into another's.  "section NAME" is this
+# runner with ``--sections NAME`` and its options (results.json, results.md, plots).
 SUITES = (
-    ("hit", "hit_ab.py", "warm hit: compile()+load() of cached kernels, two trees paired (ABBA), "
+    ("hit", "ab.py hit", "warm hit: compile()+load() of cached kernels, two trees paired (ABBA), "
                          "no headers and 9 headers"),
-    ("miss", "bench_miss.py", "ptxbackend's own time per miss (compile() minus NVRTC), trees interleaved"),
-    ("cupy-ab", "cupy14_ab.py", "stock CuPy 14 vs the start-up hook of source trees, cold and warm, ABAB"),
-    ("chainer-ab", "chainer_ab.py", "Chainer 1.24's CuPy v1 through the hook of source trees, cold and warm"),
+    ("miss", "ab.py miss", "ptxbackend's own time per miss (compile() minus NVRTC), trees interleaved"),
+    ("cupy-ab", "ab.py cupy", "stock CuPy 14 vs the start-up hook of source trees, cold and warm, ABAB"),
+    ("chainer-ab", "ab.py chainer", "Chainer 1.24's CuPy v1 through the hook of source trees, cold and warm"),
     ("compile", "section compile", "cold compile: the cubin path against the PTX path, per kernel"),
     ("warm", "section warm", "warm start of N kernels: floor, cubin, PTX, stock CuPy"),
+    ("warm-compare", "ab.py warm", "two warm runs (before/after a change, --ptxbackend-src) against the "
+                                   "hit budgets"),
     ("kernels", "section kernels", "kernel run time: cubin against driver-JIT PTX (GPU)"),
     ("fleet", "section fleet", "M machines x K kernels against one Valkey: compiles, first use, dead remote"),
     ("chainer-fleet", "chainer_fleet.py", "Chainer 1.24 as two machines of one fleet store"),
@@ -195,8 +199,24 @@ SUITES = (
     ("deps", "bench_deps.py", "what a dependency set costs a header-heavy hit (CuPy 14's headers)"),
     ("pch", "bench_pch.py", "NVRTC 13 with and without its precompiled header"),
     ("hook", "section hook", "the start-up hook's cost: python -c pass with and without it"),
-    ("anatomy", "hit_anatomy.py", "where a warm kernel's time goes, step by step"),
+    ("anatomy", "ab.py anatomy", "where a warm kernel's time goes, step by step"),
 )
+
+
+# ``run.py SUITE --quick`` for a script suite: its smallest size, as these options placed before the
+# user's (argparse keeps the last value given, so an explicit option still wins).  A section suite takes
+# --quick itself; warm-compare has no size.
+QUICK = {
+    "hit": ["--pairs", "1"],
+    "miss": ["--kernels", "2", "--pairs", "2"],
+    "cupy-ab": ["--rounds", "1", "--kernels", "10"],
+    "chainer-ab": ["--rounds", "1", "--kernels", "10"],
+    "anatomy": ["--kernels", "10"],
+    "chainer-fleet": ["--rounds", "1", "--kernels", "10"],
+    "fleet-scale": ["--processes", "4", "--kernels", "50"],
+    "deps": ["--kernels", "10", "--reps", "3"],
+    "pch": ["--kernels", "4", "--rounds", "2"],
+}
 
 
 def _suite_main(argv):
@@ -218,8 +238,13 @@ def _suite_main(argv):
     if names[argv[0]].startswith("section "):
         return main(["--sections", names[argv[0]].split()[1]] + list(argv[1:]))
     import subprocess
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), names[argv[0]])
-    return subprocess.call([sys.executable, script] + list(argv[1:]))
+    script = names[argv[0]].split()
+    script[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), script[0])
+    rest = list(argv[1:])
+    if "--quick" in rest:
+        rest.remove("--quick")
+        rest = QUICK.get(argv[0], []) + rest
+    return subprocess.call([sys.executable] + script + rest)
 
 
 def main(argv=None):

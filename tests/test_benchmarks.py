@@ -5,8 +5,10 @@ No timings are asserted.  The real (quick) benchmark run is opt-in: PTXBACKEND_T
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -64,7 +66,19 @@ def test_run_py_help_works():
     assert "--ptxbackend-src" in proc.stdout and "--warm-rows" in proc.stdout
 
 
-SUITE_NAMES = ("hit", "miss", "cupy-ab", "chainer-ab", "fleet", "libraries", "concurrency", "deps", "hook")
+SUITE_NAMES = ("hit", "miss", "cupy-ab", "chainer-ab", "fleet", "libraries", "concurrency", "deps", "hook",
+               "compile", "warm", "warm-compare", "kernels", "chainer-fleet", "fleet-scale", "pch", "anatomy")
+
+
+def _listed_suites():
+    """Every suite run.py names (read from its source, so a suite added later is started here too)."""
+    import ast
+    with open(os.path.join(BENCH, "run.py")) as handle:
+        tree = ast.parse(handle.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["SUITES"]:
+            return [entry[0] for entry in ast.literal_eval(node.value)]
+    raise AssertionError("run.py has no SUITES")
 
 
 def _run_py(argv, timeout=120, env=None):
@@ -79,12 +93,12 @@ def test_run_py_lists_the_suites_by_what_they_measure():
     for line in proc.stdout.splitlines():
         words = line.split()
         listed[words[0]] = "bench_%s.py" % words[2] if words[1] == "section" else words[1]
-    assert set(SUITE_NAMES) <= set(listed), listed
+    assert set(SUITE_NAMES) <= set(listed) and set(listed) == set(_listed_suites()), listed
     for script in listed.values():
         assert os.path.isfile(os.path.join(BENCH, script)), script
 
 
-@pytest.mark.parametrize("suite", SUITE_NAMES)
+@pytest.mark.parametrize("suite", _listed_suites())
 def test_each_suite_starts_its_script(suite):
     proc = _run_py([suite, "--help"])
     assert proc.returncode == 0, proc.stderr
@@ -112,7 +126,7 @@ def _tree_040(tmp_path):
 
 def test_hit_suite_pairs_two_trees_compile_only(nvrtc12_pair, tmp_path):
     """The hit suite on a CPU box: 0.4.0's flat layout (or this tree) against this tree's packages, one
-    pair, NVRTC, every timed kernel a hit (hit_ab asserts it)."""
+    pair, NVRTC, every timed kernel a hit (ab_hit asserts it)."""
     before = _tree_040(tmp_path) or REPO
     out = tmp_path / "hit.json"
     env = dict(os.environ, PTXBACKEND_NVRTC=os.path.join(nvrtc12_pair[1], "libnvrtc.so.12"))
@@ -294,7 +308,7 @@ def _warm_results(benchutil, hit_us, compile_us, tree, host="box"):
 
 def test_compare_warm_judges_the_issue_budgets(bench_modules, tmp_path):
     benchutil, _ = bench_modules
-    import compare_warm
+    import ab_warm as compare_warm
     before = _warm_results(benchutil, {"pb_cubin": {"1": [300.0], "100": [180.0, 190.0, 200.0]},
                                        "pb_cubin_hdr": {"100": [185.0, 190.0, 195.0]}},
                            {"pb_cubin": {"1": [80.0], "100": [60.0]}, "pb_cubin_hdr": {"100": [62.0]}}, "a" * 40)
@@ -339,7 +353,7 @@ def test_cupy14_ab_summary_shows_the_collector_and_the_hook_s_steps(monkeypatch)
     """The warm-time table separates a few slow kernels (mean against median), the garbage collector and
     each of the hook's steps, so the next H200 run says where a tree arm's time inside the cache function goes."""
     monkeypatch.syspath_prepend(BENCH)
-    import cupy14_ab
+    import ab_cupy as cupy14_ab
     runs = []
     for phase in ("cold", "warm"):
         for arm, child in (("stock", _ab_child(0.6, 0.4, 0.15, 1)),
@@ -356,3 +370,105 @@ def test_cupy14_ab_summary_shows_the_collector_and_the_hook_s_steps(monkeypatch)
     assert "| 0.300 (0.300-0.300) | 0.050 (0.050-0.050) | [0] |" in row and "| 72.0 (72.0-72.0) |" in row
     assert "load 61.0" in row
     assert "| stock | 0.600 (0.600-0.600) | 0.400 (0.400-0.400) | 0.150 (0.150-0.150) | [1] |" in text
+
+
+# --------------------------------------------------------------------------- the one A/B runner (ab.py)
+
+def _ab(monkeypatch):
+    monkeypatch.syspath_prepend(BENCH)
+    import ab
+    return ab
+
+
+def test_ab_rounds_rotate_the_arms_save_every_child_and_stop_at_the_budget(monkeypatch):
+    """The rounds loop every workload uses: ABAB order reversed each round, each child recorded and saved
+    as it comes, round 0 always run, and no round started that the longest so far would push past the budget."""
+    ab = _ab(monkeypatch)
+    arms = [{"name": "stock", "dir": None}, {"name": "now", "dir": "/t"}]
+    ran, saved = [], []
+
+    def run_arm(arm, r):
+        for phase in ab.PHASES:
+            ran.append((r, arm["name"], phase))
+            time.sleep(0.05)
+            yield phase, {"per_kernel_ms": 1.0 + r, "wall_s": 0.05}, "fig"
+
+    results = {"checks": {}, "runs": [], "rounds_done": 0}
+    ab.run_rounds(results, 4, lambda r: ab.round_order(arms, r), run_arm,
+                  lambda res: saved.append(len(res["runs"])), None, time.perf_counter())
+    assert [(r, a) for r, a, p in ran if p == "cold"] == [(0, "stock"), (0, "now"), (1, "now"), (1, "stock"),
+                                                           (2, "stock"), (2, "now"), (3, "now"), (3, "stock")]
+    assert results["rounds_done"] == 4 and len(results["runs"]) == 16 and saved[:2] == [1, 2]
+    assert "stopped_by_budget" not in results
+    per = ab.by_arm_and_phase(results["runs"])
+    assert ab.phase_figures("warm", per[("now", "warm")], per[("stock", "warm")])["warm_ratio"]["median"] == 1.0
+
+    results = {"checks": {}, "runs": [], "rounds_done": 0}
+    ab.run_rounds(results, 4, lambda r: ab.round_order(arms, r), run_arm, lambda res: None, 0.25,
+                  time.perf_counter())
+    assert results["rounds_done"] == 1 and results["stopped_by_budget"] is True  # round 1 would end past 0.25 s
+
+
+def test_ab_lists_its_workloads_and_refuses_an_unknown_one_in_a_line():
+    listed = subprocess.run([sys.executable, os.path.join(BENCH, "ab.py"), "--list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True)
+    assert listed.returncode == 0
+    names = [line.split()[0] for line in listed.stdout.splitlines()[1:]]
+    assert names == ["hit", "miss", "cupy", "chainer", "anatomy", "warm"]
+    for name in names:
+        assert os.path.isfile(os.path.join(BENCH, "ab_%s.py" % name))
+    bad = subprocess.run([sys.executable, os.path.join(BENCH, "ab.py"), "nope"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, universal_newlines=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no workload 'nope'" in bad.stderr
+
+
+def test_a_tree_arm_may_have_either_layout(monkeypatch, tmp_path):
+    """The Chainer A/B needs the hook's module in the package layout (hook/cupy_integration.py) or in
+    0.4.0's flat one; a tree with neither is refused before any child runs."""
+    monkeypatch.syspath_prepend(BENCH)
+    import ab_chainer
+    trees = [("now", REPO)]
+    flat = _tree_040(tmp_path)
+    if flat:
+        trees.append(("flat", flat))
+    arms = ab_chainer._parse_arms(["%s=%s" % t for t in trees], False)
+    assert [a["name"] for a in arms] == [t[0] for t in trees] and arms[0]["version"]
+    broken = tmp_path / "broken"
+    shutil.copytree(os.path.join(REPO, "ptxbackend"), str(broken / "ptxbackend"))
+    for name in ("_ptxbackend_pth.py", "_ptxbackend_boot.py"):
+        shutil.copy(os.path.join(REPO, name), str(broken))
+    os.remove(str(broken / "ptxbackend" / "hook" / "cupy_integration.py"))
+    with pytest.raises(SystemExit, match="no ptxbackend/hook/cupy_integration.py or ptxbackend/cupy_integration.py"):
+        ab_chainer._parse_arms(["b=%s" % broken], False)
+
+
+def test_miss_suite_runs_two_trees_in_rotated_rounds(nvrtc_pch, tmp_path):
+    """The miss suite on a CPU box: 0.4.0's flat layout (or this tree) against this tree, NVRTC 13, two
+    rounds of two kernels; each tree's own ms per miss and its ratio to the first."""
+    pytest.importorskip("cupy")
+    before = _tree_040(tmp_path) or REPO
+    lib = [n for n in os.listdir(nvrtc_pch) if n.startswith("libnvrtc.so")][0]
+    env = dict(os.environ, PTXBACKEND_NVRTC=os.path.join(nvrtc_pch, lib))
+    proc = _run_py(["miss", "--tree", "before=" + before, "--tree", "now=" + REPO, "--kernels", "2",
+                    "--pairs", "2"], timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| before |", "| now |"))]
+    assert len(rows) == 2 and rows[0].endswith("| 1.00 |"), proc.stdout
+    assert float(rows[1].split("|")[3]) > 0
+    assert "before: ptxbackend" in proc.stdout and "now: ptxbackend" in proc.stdout
+
+
+@pytest.mark.parametrize("suite, shows", [
+    ("deps", "| ratio | "),
+    ("pch", "on / off, the rest, per round:"),
+    ("fleet-scale", '"states"'),
+])
+def test_cpu_script_suites_run_at_their_quick_size(suite, shows, nvrtc_pch):
+    """``run.py SUITE --quick`` on a CPU box: the suite's smallest size, its figures printed (no timing is
+    judged here), so a suite broken by a change fails CI rather than the next measurement."""
+    if suite == "deps":
+        pytest.importorskip("cupy")
+    lib = [n for n in os.listdir(nvrtc_pch) if n.startswith("libnvrtc.so")][0]
+    proc = _run_py([suite, "--quick"], timeout=600, env=dict(os.environ, PTXBACKEND_NVRTC=os.path.join(nvrtc_pch, lib)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert shows in proc.stdout, proc.stdout[-3000:]

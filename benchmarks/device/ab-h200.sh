@@ -2,7 +2,7 @@
 # Device call, from the repository root on the H200: the A/B of record.
 #   1. CuPy 14 through the start-up hook, cold and warm, 100 distinct ElementwiseKernels per fresh process,
 #      3 rotated rounds; arms: stock CuPy, 0.4.0 (commit 4f6f762, flat layout), this tree (packages)
-#      (benchmarks/cupy14_ab.py: `python benchmarks/run.py cupy-ab`);
+#      (`python benchmarks/run.py cupy-ab`: benchmarks/ab_cupy.py);
 #   2. when .device/legacy is carried: Chainer 1.24's CuPy v1 with nvcc 11.2, 0.4.0 against this tree,
 #      cold and warm, 2 rounds (chainer-ab.sh: `python benchmarks/run.py chainer-ab`).
 # Stage HERE first: `bash benchmarks/device/stage.sh` (.device/run24: filelock/platformdirs wheels and the
@@ -10,16 +10,16 @@
 # `cp ../shared/toolkits/nvcc112.tar.xz .device/`.  Carry: .device/run24 (part 1 alone), plus
 # .device/legacy and .device/nvcc112.tar.xz (~53 MiB in all).  The machine's own CuPy 14 is used.
 # Within 9 minutes: part 1 starts no round past AB_BUDGET_S (default 230 s), part 2 none past 200 s of its own.
-export PYTHONUNBUFFERED=1
+# Set-up through setup.sh (shared with the other device scripts), line for line what this script did.
 set -u
 OUT=${OUT:-/tmp/ab-h200-out}
-mkdir -p "$OUT"
-D=.device/run24
-say() { echo "[ab-h200 ${SECONDS}s] $*"; }
+TAG=ab-h200
+. benchmarks/device/setup.sh
+PY=python3  # the Python this script has always installed into, whatever PYTHON says
 ls $D/pb040.tar $D/filelock-*.whl >/dev/null || { say "run benchmarks/device/stage.sh here and carry $D"; exit 2; }
-python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/*.whl || exit 2
-rm -rf /tmp/pb040 && mkdir -p /tmp/pb040 && tar -xf $D/pb040.tar -C /tmp/pb040 || exit 2
-nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+site_wheels /tmp/site $D/*.whl
+unpack_tree pb040 $D/pb040.tar
+gpu_line
 
 say "1. CuPy 14 A/B: stock, 0.4.0, this tree"
 PYTHONPATH=/tmp/site timeout $((${AB_BUDGET_S:-230} + 90)) python3 benchmarks/run.py cupy-ab \

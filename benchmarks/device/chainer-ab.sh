@@ -2,7 +2,7 @@
 # Device call, from the repository root on the H200: Chainer 1.24's CuPy v1 through the start-up hook of
 # ptxbackend 0.2.0 and of this working tree, both with nvcc 11.2 (target auto: compute_86 PTX), plus stock
 # CuPy v1 with CUDA 13's nvcc for reference (first round only); fresh processes, 100 distinct kernels,
-# ABAB rounds (benchmarks/chainer_ab.py).
+# ABAB rounds (benchmarks/run.py chainer-ab).
 # Carries .device/legacy (tests/legacy/build.sh), .device/nvcc112.tar.xz (cp ../shared/toolkits/nvcc112.tar.xz
 # .device/) and .device/run24 (benchmarks/device/stage.sh: platformdirs/filelock wheels, pb020.tar):
 # about 52 MiB.
@@ -10,23 +10,20 @@
 # warm a few s), stock13 ~50-60 s (round 0 only); no round is started that the longest time each arm took
 # so far would push past 225 s from the start of this script, and `timeout 260` stops it hard (results.json
 # and summary.md are rewritten after every child).
-export PYTHONUNBUFFERED=1
 set -u
 OUT=${OUT:-/tmp/chainer-ab-out}
-mkdir -p "$OUT"
-L=.device/legacy
-D=.device/run24
-PY=${PYTHON:-python3}
+TAG=chainer-ab
+. benchmarks/device/setup.sh
 site=/tmp/chainer-ab-site
-say() { echo "[chainer-ab] $*"; }
 
 # CHAINER_AB_BASE: the baseline tree, NAME=TAR in $D (default 0.2.0=pb020.tar; ab-h200.sh: 0.4.0=pb040.tar)
 BASE=${CHAINER_AB_BASE:-0.2.0=pb020.tar}
-ls $L/chainer-1.24.0-*.whl "$D/${BASE#*=}" $D/filelock-*.whl >/dev/null || { say "carry .device/legacy and .device/run24"; exit 2; }
-. benchmarks/device/chainer-setup.sh  # sets nvcc112
-
-# the baseline tree
-rm -rf /tmp/chainer-ab-base && mkdir -p /tmp/chainer-ab-base && tar -xf "$D/${BASE#*=}" -C /tmp/chainer-ab-base || exit 2
+need $L/chainer-1.24.0-*.whl "$D/${BASE#*=}" $D/filelock-*.whl
+gpu_line
+say "$($PY --version) at $(command -v $PY)"
+chainer_site "$site"
+unpack_nvcc112  # nvcc 11.2 (knows up to sm_86), called as `nvcc` through ab_chainer.py's logging wrapper
+unpack_tree chainer-ab-base "$D/${BASE#*=}"  # the baseline tree
 say "setup done in ${SECONDS}s"
 
 nvcc13=/usr/local/cuda/bin/nvcc
@@ -34,7 +31,7 @@ nvcc13=/usr/local/cuda/bin/nvcc
 budget=$((${CHAINER_AB_BUDGET_S:-225} - SECONDS))  # from this script's start
 # CHAINER_AB_BUDGET_S (225), CHAINER_AB_ROUNDS (5), CHAINER_AB_STOCK13 (1: the reference arm in round 0)
 # CHAINER_AB_EXTRA: more arguments, e.g. --dry-run to check the setup on a machine without a GPU
-timeout 260 "$PY" benchmarks/chainer_ab.py --site "$site" --nvcc112 "$nvcc112" --nvcc13 "$nvcc13" \
+timeout 260 "$PY" benchmarks/run.py chainer-ab --site "$site" --nvcc112 "$nvcc112" --nvcc13 "$nvcc13" \
   --tree "${BASE%%=*}"=/tmp/chainer-ab-base --tree now="$PWD" $([ "${CHAINER_AB_STOCK13:-1}" = 1 ] && echo --stock13) \
   --rounds "${CHAINER_AB_ROUNDS:-5}" --budget-s "$budget" --child-timeout 120 \
   --out "$OUT/chainer-ab" ${CHAINER_AB_EXTRA:-} > "$OUT/chainer-ab.log" 2>&1

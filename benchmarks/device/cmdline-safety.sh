@@ -5,11 +5,11 @@
 # dependencies on PYTHONPATH (the children must find them, and never the planted package).
 # Carries .device/cmdline (wheels: platformdirs, filelock, hypothesis, sortedcontainers, attrs, pytest and
 # its dependencies; `pip download --no-deps` of those names). About 3 minutes.
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/cmdline/*.whl || exit 2
+. benchmarks/device/setup.sh
+site_wheels --no-compile /tmp/site .device/cmdline/*.whl
 REPO=$PWD
 export PYTHONPATH=/tmp/site:$REPO
-nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader; nvcc --version | tail -n 1
+gpu_line; nvcc --version | tail -n 1
 echo "== safety tests, injection fuzzer, libjit (GPU tests included)"
 timeout 400 python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_command_line_safety.py \
   tests/test_injection_fuzz.py tests/test_libjit.py > $OUT/cmdline-tests.log 2>&1

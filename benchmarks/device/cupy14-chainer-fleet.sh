@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for issues 24 and 27 on landed code, from the repository root on the H200:
-#   1. CuPy 14: stock against the hook of 0.2.0 and of this tree (cupy14-ab-setup.sh: cupy14_ab.py);
+#   1. CuPy 14: stock against the hook of 0.2.0 and of this tree (cupy14-ab-setup.sh: run.py cupy-ab);
 #   2. Chainer 1.24 + nvcc 11.2: 0.2.0 against this tree (chainer-ab.sh, without the stock13 reference);
 #   3. Chainer 1.24 + nvcc 11.2 as two machines of one fleet store (fleet-h200.sh).
 # Carries .device/run24, .device/nvcc112.tar.xz, .device/legacy and .device/fleet/valkey-server (~56 MiB).

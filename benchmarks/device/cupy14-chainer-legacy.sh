@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device call (issue 24, closing runs), from the repository root on the H200:
-#   1. stock CuPy 14 against the hook of 0.2.0 and of this tree again, 4 rounds (benchmarks/cupy14_ab.py);
+#   1. stock CuPy 14 against the hook of 0.2.0 and of this tree again, 4 rounds (benchmarks/run.py cupy-ab);
 #   2. Chainer 1.24 with nvcc 11.2 through the hook of 0.2.0 and of this tree (benchmarks/device/chainer-ab.sh);
 #   3. the legacy harness, steps a-e and g (tests/legacy/run_gpu.sh).
 # Carries .device/run24, .device/legacy and .device/nvcc112.tar.xz (about 53 MiB).  About 9 minutes.

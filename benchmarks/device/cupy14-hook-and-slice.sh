@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device call (issue 24, closing runs), from the repository root on the H200:
-#   1. stock CuPy 14 against the start-up hook of 0.2.0 and of this tree (benchmarks/cupy14_ab.py, ABAB);
+#   1. stock CuPy 14 against the start-up hook of 0.2.0 and of this tree (benchmarks/run.py cupy-ab, ABAB);
 #   2. this repository's GPU tests (nvcc 11.2 present);
 #   3. CuPy 14.2's own test slice (docs/compatibility.md) through the *installed* wheel's hook only, then
 #      stock, for the same counts on the same machine.

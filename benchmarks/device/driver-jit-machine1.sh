@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 16, machine 1 (a fresh H200 machine): warm cuRAND 10.2 (no sm_90 code) and pack the driver's JIT cache.
-export PYTHONUNBUFFERED=1
+. benchmarks/device/setup.sh
 D=.device/run4
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $D/platformdirs-*.whl || exit 2
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/curand $D/nvidia_curand_cu11-*.whl || exit 2
+site_wheels --no-compile /tmp/site $D/platformdirs-*.whl
+site_wheels --no-compile /tmp/curand $D/nvidia_curand_cu11-*.whl
 lib=$(ls /tmp/curand/nvidia/curand/lib/libcurand.so.10* | head -n 1)
-nvidia-smi --query-gpu=name,driver_version,compute_cap,uuid --format=csv,noheader
+gpu_line uuid
 ls -la ~/.nv 2>/dev/null | head -3
 echo "== warm --libs $lib --driver-jit-bundle"
 PYTHONPATH=/tmp/site:$PWD /usr/bin/time -f "warm wall %e s" python3 -m ptxbackend warm --libs "$lib" \

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 16, machine 2 (another fresh H200 machine): import the bundle, then a fresh process's first cuRAND call.
-export PYTHONUNBUFFERED=1
+. benchmarks/device/setup.sh
 D=.device/run4
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $D/platformdirs-*.whl || exit 2
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/curand2 $D/nvidia_curand_cu11-*.whl || exit 2
+site_wheels --no-compile /tmp/site $D/platformdirs-*.whl
+site_wheels --no-compile /tmp/curand2 $D/nvidia_curand_cu11-*.whl
 lib=$(ls /tmp/curand2/nvidia/curand/lib/libcurand.so.10* | head -n 1)
-nvidia-smi --query-gpu=name,driver_version,compute_cap,uuid --format=csv,noheader
+gpu_line uuid
 # ptxbackend installed as users install it (its .pth hook sets CUDA_CACHE_PATH), platformdirs beside it
 python3 -m pip wheel -q --no-deps --no-index --no-build-isolation -w /tmp/wheel . || exit 2
 python3 -m pip install -q --no-index --no-deps /tmp/wheel/ptxbackend-*.whl || exit 2

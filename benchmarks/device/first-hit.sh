@@ -3,10 +3,10 @@
 # warm children, then a cProfile of the first hit per tree into $OUT/prof-*.txt). Carry .device/run24
 # (benchmarks/device/stage.sh). About 25 s.
 set -u
-OUT=${OUT:-/tmp/first-hit-out}; mkdir -p "$OUT"
-D=.device/run24
-python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/*.whl || exit 2
-rm -rf /tmp/pb040 && mkdir -p /tmp/pb040 && tar -xf $D/pb040.tar -C /tmp/pb040 || exit 2
+OUT=${OUT:-/tmp/first-hit-out}
+. benchmarks/device/setup.sh
+site_wheels /tmp/site $D/*.whl
+unpack_tree pb040 $D/pb040.tar
 export PYTHONPATH=/tmp/site PTXBACKEND_DISABLE=1
 python3 -c "import cupy; print(cupy.__version__, cupy.cuda.get_nvrtc_path() if hasattr(cupy.cuda,'get_nvrtc_path') else '')"
 for tree in /tmp/pb040 $PWD; do

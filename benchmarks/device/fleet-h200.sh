@@ -16,21 +16,19 @@
 # B first and B warm ~3-5 s each); no round is started that the longest round so far would push past 225 s
 # from the start of this script, and `timeout 260` stops it hard (results.json and summary.md are rewritten
 # after every child). CHAINER_FLEET_EXTRA=--dry-run checks the setup without timing (no GPU needed).
-export PYTHONUNBUFFERED=1
 set -u
 OUT=${OUT:-/tmp/fleet-h200-fleet-out}
-mkdir -p "$OUT"
-L=.device/legacy
-D=.device/run24
-PY=${PYTHON:-python3}
+TAG=fleet-h200
+. benchmarks/device/setup.sh
 site=/tmp/chainer-fleet-site
-say() { echo "[fleet-h200] $*"; }
 
-ls $L/chainer-1.24.0-*.whl $D/filelock-*.whl .device/fleet/valkey-server >/dev/null ||
-  { say "carry .device/legacy, .device/run24 and .device/fleet/valkey-server"; exit 2; }
+need $L/chainer-1.24.0-*.whl $D/filelock-*.whl .device/fleet/valkey-server
 # a copy of our own, executable whatever mode the carried file arrived with
 install -m 0755 .device/fleet/valkey-server /tmp/fleet-h200-valkey-server || exit 2
-. benchmarks/device/chainer-setup.sh  # sets nvcc112
+gpu_line
+say "$($PY --version) at $(command -v $PY)"
+chainer_site "$site"
+unpack_nvcc112
 say "setup done in ${SECONDS}s"
 
 budget=$((${CHAINER_FLEET_BUDGET_S:-225} - SECONDS))  # from this script's start; CHAINER_FLEET_ROUNDS (3)

@@ -1,9 +1,9 @@
 """Device-only probe: where the first warm hit of a CuPy 14 kernel goes, per ptxbackend tree."""
 import cProfile, io, os, pstats, sys, time
 sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
-import abrun
+import ab
 mode, tree = sys.argv[1], sys.argv[2]
-abrun.activate_tree(tree)
+ab.activate_tree(tree)
 import cupy, numpy
 x = cupy.asarray(numpy.linspace(-2.0, 2.0, 1024, dtype=numpy.float32)); y = cupy.empty_like(x)
 cupy.cuda.runtime.deviceSynchronize()

@@ -1,14 +1,31 @@
-"""What the A/B scripts (cupy14_ab.py, chainer_ab.py) share: ptxbackend source trees as arms, fresh
-child processes over their own caches, ABAB rounds under a budget, and medians over rounds.
+#!/usr/bin/env python3
+"""The one A/B runner: ptxbackend source trees (and stock CuPy) as arms, fresh child processes over
+their own caches, rotated rounds under a budget, and medians and per-round ratios over rounds.
 
-Both halves live here: the child side (activating a tree's hook, timing kernels) runs in a fresh
-process that must not import ptxbackend before the tree's own copy is on sys.path, so this module
-imports nothing beyond the standard library.
+    python benchmarks/ab.py WORKLOAD [the workload's options]      (or: python benchmarks/run.py SUITE)
+
+Workloads (each a module ab_WORKLOAD.py that owns only its child, its checks and its table):
+
+    hit      ptxbackend.compile()+load() hits, two trees paired (run.py hit)
+    miss     ptxbackend's own time per miss of each tree, CuPy 14's headers, NVRTC (run.py miss)
+    cupy     stock CuPy 14 / the start-up hook of each tree, cold and warm (run.py cupy-ab)
+    chainer  Chainer 1.24's CuPy v1 through the hook of each tree, cold and warm (run.py chainer-ab)
+    anatomy  where a warm CuPy 14 kernel's time goes, step by step, per arm (run.py anatomy)
+    warm     two runs of run.py's warm section (before/after a change) side by side (run.py warm-compare)
+
+What lives here and nowhere else: parsing ``--tree NAME=DIR`` arms, activating a tree's hook in a
+child, the child's environment and caches, launching and reading children, the round order (ABAB,
+reversed every other round), the budget, the rounds loop, medians and ratios within a round, and
+saving results.json + summary.md.  The child side runs in a fresh process that must not import
+ptxbackend before the tree's own copy is on sys.path, so this module imports nothing beyond the
+standard library.
 """
 
 import argparse
+import importlib
 import json
 import os
+import platform
 import re
 import shutil
 import statistics
@@ -56,6 +73,17 @@ def activate_tree(tree):
     import _ptxbackend_pth
     _ptxbackend_pth.install()
     return _ptxbackend_pth.__file__
+
+
+def import_from_tree(tree):
+    """Make ``import ptxbackend`` find ``tree``'s copy, for a child that uses the package itself (no hook).
+
+    The interpreter's own .pth hook (an editable install, say) may have imported another tree's
+    top-level modules already; they are forgotten, so nothing of two trees mixes.
+    """
+    sys.path.insert(0, tree)
+    for mod in [m for m in sys.modules if m.startswith("_ptxbackend") or m.split(".")[0] == "ptxbackend"]:
+        del sys.modules[mod]
 
 
 def tree_module(packaged):
@@ -258,13 +286,14 @@ def emit(mark, report):
 def tree_info(name, path, needs=(), **fields):
     """The arm for ``--tree NAME=DIR``: checked to be a ptxbackend tree, with its version and commit.
 
-    ``needs``: files the script relies on beyond every tree's; ``fields``: the script's own keys, kept
-    right after name and dir as the scripts have always written them.
+    ``needs``: files the workload relies on beyond every tree's, each a path or a tuple of paths of
+    which one will do (a module's place in the package layout and in 0.4.0's flat one); ``fields``:
+    the workload's own keys, kept right after name and dir as results.json has always had them.
     """
     path = os.path.abspath(path)
     for need in _TREE_NEEDS + tuple(needs):
-        choices = need if isinstance(need, tuple) else (need,)  # a tuple: either layout's file will do
-        if not any(os.path.isfile(os.path.join(path, one)) for one in choices):
+        choices = need if isinstance(need, tuple) else (need,)
+        if not any(os.path.isfile(os.path.join(path, c)) for c in choices):
             raise SystemExit("--tree %s=%s: no %s there (give a ptxbackend source tree)"
                              % (name, path, " or ".join(choices)))
     info = {"name": name, "dir": path}
@@ -375,6 +404,17 @@ def launch(script, mark, mode, arm, caches, env, args, annotate=None):
     return result
 
 
+def json_child(script, args, env=None, cwd=None, what="child"):
+    """Run ``script ARGS`` in a fresh interpreter that prints its result as its last line of JSON; that
+    result, or SystemExit with the child's last words (a package-using workload: hit, miss)."""
+    done = subprocess.run([sys.executable, os.path.abspath(script)] + list(args), capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})), cwd=cwd or tempfile.gettempdir())
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        raise SystemExit("%s: rc=%d: %s" % (what, done.returncode, (done.stderr + done.stdout).strip()[-2000:]))
+    return json.loads(lines[-1])
+
+
 def record_check(results, arm, got):
     """Keep and print an arm's check; stop before any timing if it failed (a broken arm wastes the budget)."""
     results["checks"][arm["name"]] = got
@@ -417,6 +457,62 @@ def over_budget(results, budget_s, r, elapsed, estimate):
     return False
 
 
+def run_rounds(results, rounds, arms_of_round, run_arm, save, budget_s, t0, per_arm_estimate=False):
+    """The timed rounds of every workload: round ``r`` runs ``arms_of_round(r)`` in that order, each
+    through ``run_arm(arm, r)``, which yields ``(phase, result, figure)`` per child; every result is
+    recorded and saved as it comes, so a run cut off by a timeout keeps its figures.
+
+    The budget (``budget_s`` from ``t0``) stops before a round that would end past it, estimated from
+    the longest round so far, or, with ``per_arm_estimate`` (arms that differ between rounds), from
+    each arm's own longest.
+    """
+    longest, spent = 0.0, {}
+    for r in range(rounds):
+        todo = arms_of_round(r)
+        if per_arm_estimate:
+            estimate = sum(spent.get(a["name"], max(spent.values() or [0])) for a in todo)
+        else:
+            estimate = longest
+        if over_budget(results, budget_s, r, time.perf_counter() - t0, estimate):
+            break
+        t_round = time.perf_counter()
+        for arm in todo:
+            t_arm = time.perf_counter()
+            for phase, got, figure in run_arm(arm, r):
+                record_run(results, got, arm, phase, r, figure)
+                save(results)
+            spent[arm["name"]] = max(spent.get(arm["name"], 0), time.perf_counter() - t_arm)
+        longest = max(longest, time.perf_counter() - t_round)
+        results["rounds_done"] = r + 1
+        save(results)
+    save(results)  # also when the budget stopped it: results.json says so
+    return results
+
+
+def check_arms(results, arms, check_arm, record=None):
+    """Each arm once, before any timing: proves every hook takes over (or stays away) before the
+    budget is spent, and warms the page cache for CuPy and each tree.  ``record(results, arm, got)``
+    (default record_check) stops the run at the first arm that failed."""
+    for arm in arms:
+        (record or record_check)(results, arm, check_arm(arm))
+    return results["checks"]
+
+
+def machine(compute_cap=True):
+    """The host as every workload's results.json records it."""
+    info = {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
+            "cpus": os.cpu_count(), "host": platform.node()}
+    query = "--query-gpu=name,driver_version" + (",compute_cap" if compute_cap else "")
+    for key, cmd in (("gpu", ["nvidia-smi", query, "--format=csv,noheader"]), ("nvcc", ["nvcc", "--version"])):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            lines = done.stdout.strip().splitlines()
+            info[key] = lines[-1] if key == "nvcc" and lines else (lines[0] if lines else None)
+        except (OSError, subprocess.SubprocessError) as exc:
+            info[key] = "unavailable: %s" % type(exc).__name__
+    return info
+
+
 # --------------------------------------------------------------------------- summaries
 
 def by_arm_and_phase(runs):
@@ -446,6 +542,12 @@ def phase_figures(phase, mine, ref, figure="per_kernel_ms", label=None):
             label + "_ratio": stats([v[figure] / ref[k][figure] for k, v in mine.items()
                                      if figure in v and figure in ref.get(k, {})]),
             label + "_errors": sum("error" in v for v in mine.values())}
+
+
+def percentile(values, q):
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank: what paired deltas report beside the median."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def fmt(s, spec="%.3f"):
@@ -486,3 +588,37 @@ def add_run_options(p, child_timeout, budget_help, dry_run_help):
     # how the parent starts its children (launch); not for people
     p.add_argument("--child", choices=("check", "run"), help=argparse.SUPPRESS)
     p.add_argument("--child-tree", help=argparse.SUPPRESS)
+
+
+# --------------------------------------------------------------------------- the entry point
+
+# workload -> (module, what it measures); run.py's suites name these.
+WORKLOADS = (
+    ("hit", "ab_hit", "ptxbackend.compile()+load() hits of two trees, paired ABBA, 0 and 9 headers"),
+    ("miss", "ab_miss", "ptxbackend's own time per miss (compile() minus NVRTC) of each tree, rotated"),
+    ("cupy", "ab_cupy", "stock CuPy 14 / the start-up hook of each tree, cold and warm, ABAB"),
+    ("chainer", "ab_chainer", "Chainer 1.24's CuPy v1 through the hook of each tree, cold and warm"),
+    ("anatomy", "ab_anatomy", "where a warm CuPy 14 kernel's time goes, per arm, step by step"),
+    ("warm", "ab_warm", "two warm-section runs (before/after a change) against the hit budgets"),
+)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    modules = dict((name, module) for name, module, _ in WORKLOADS)
+    if not argv or argv[0] in ("-h", "--help", "--list"):
+        out = sys.stdout if argv else sys.stderr
+        out.write("usage: ab.py WORKLOAD [options]; WORKLOAD --help lists its options\n")
+        for name, module, what in WORKLOADS:
+            out.write("  %-8s %-14s %s\n" % (name, module + ".py", what))
+        return 0 if argv else 2
+    if argv[0] not in modules:
+        sys.stderr.write("ab.py: no workload %r; the workloads: %s\n" % (argv[0], ", ".join(sorted(modules))))
+        return 2
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.argv[0] = "ab.py " + argv[0]  # what the workload's --help and errors call it
+    return importlib.import_module(modules[argv[0]]).main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

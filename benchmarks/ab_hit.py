@@ -7,7 +7,8 @@ Rows: kernels without headers, and kernels that include the synthetic Chainer-li
 (``benchmarks/kernels/include``, 9 headers through one ``-I``).  Both trees use NVRTC by default
 (what a GPU machine without a toolkit would), with the same target.
 
-    python benchmarks/hit_ab.py --before DIR_WITH_OLD_ptxbackend --pairs 12 --out hit-ab.json
+    python benchmarks/run.py hit --before DIR_WITH_OLD_ptxbackend --pairs 12 --out hit-ab.json
+    python benchmarks/ab.py hit ...      (the same; this module is ab.py's hit workload)
 
 Reports the median of each (tree, row) and the median of the paired differences (after - before),
 with the differences' 25th-75th percentile: pairs taken side by side in time share the machine's
@@ -18,12 +19,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import ab  # noqa: E402
+
 REPO = os.path.dirname(HERE)
 INCLUDE = os.path.join(HERE, "kernels", "include")
 N = 100
@@ -37,10 +40,7 @@ def _source(i, headers):
 
 
 def child(args):
-    sys.path.insert(0, args.src)
-    # the interpreter's own .pth hook may have imported another tree's top-level modules already
-    for mod in [m for m in sys.modules if m.startswith("_ptxbackend") or m.split(".")[0] == "ptxbackend"]:
-        del sys.modules[mod]
+    ab.import_from_tree(args.src)
     import gc
     import ptxbackend
     # compile-only runs without a GPU (a CPU box); the driver module moved from the flat layout (0.4.0)
@@ -74,16 +74,10 @@ def child(args):
 
 
 def _run_child(src, headers, cache, compiler, target, compile_only=False):
-    env = dict(os.environ, PTXBACKEND_CACHE_DIR=cache, PTXBACKEND_DISABLE="1")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--src", src, "--compiler", compiler,
-           "--target", target] + (["--headers"] if headers else []) + (["--compile-only"] if compile_only else [])
-    out = subprocess.check_output(cmd, env=env, cwd=tempfile.gettempdir())
-    return json.loads(out.decode().strip().splitlines()[-1])
-
-
-def _pct(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    # PTXBACKEND_DISABLE: no installed copy's hook in the child; it imports the tree's package itself
+    return ab.json_child(__file__, ["--child", "--src", src, "--compiler", compiler, "--target", target] +
+                         (["--headers"] if headers else []) + (["--compile-only"] if compile_only else []),
+                         env={"PTXBACKEND_CACHE_DIR": cache, "PTXBACKEND_DISABLE": "1"}, what=src)
 
 
 def main(argv=None):
@@ -115,7 +109,7 @@ def main(argv=None):
             for _ in range(2):  # fill the cache and the JIT cubins, then a discarded warm process
                 versions[t] = _run_child(src, headers, cache, args.compiler, args.target, args.compile_only)
     for i in range(args.pairs):
-        order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
+        order = ab.round_order(["before", "after"], i)
         for r, headers in rows.items():
             for t in order:
                 cache = os.path.join(work, "%s-%s" % (t, r.replace(" ", "-")))
@@ -132,8 +126,8 @@ def main(argv=None):
             after = [x[figure] for x in results[("after", r)]]
             deltas = [a - b for a, b in zip(after, before)]
             row = {"before": statistics.median(before), "after": statistics.median(after),
-                   "delta": statistics.median(deltas), "delta_p25": _pct(deltas, 0.25),
-                   "delta_p75": _pct(deltas, 0.75), "before_all": before, "after_all": after}
+                   "delta": statistics.median(deltas), "delta_p25": ab.percentile(deltas, 0.25),
+                   "delta_p75": ab.percentile(deltas, 0.75), "before_all": before, "after_all": after}
             report["rows"]["%s %s" % (r, figure)] = row
             row["ratio"] = row["after"] / row["before"]
             lines.append("| %s | %s | %.1f | %.1f | %.2f | %+.1f (%+.1f..%+.1f) |" % (

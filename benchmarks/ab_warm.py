@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The warm hit before and after a change to ptxbackend (issue 12), from two runs of the warm section.
 
-    python benchmarks/compare_warm.py BEFORE/results.json AFTER/results.json [--out FILE.md]
+    python benchmarks/run.py warm-compare BEFORE/results.json AFTER/results.json [--out FILE.md]
 
 BEFORE comes from `run.py --sections warm --ptxbackend-src OLD`, AFTER from the same command without
 --ptxbackend-src, on the same machine.  Prints a Markdown table (row, N, before and after us per

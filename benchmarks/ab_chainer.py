@@ -21,9 +21,9 @@ what the cold one left.  Every ``nvcc`` process is logged by the wrapper (one lo
 warm child can be shown to run no compile.  Rounds interleave the arms ABAB (order reversed every
 other round).
 
-    python benchmarks/chainer_ab.py --site /tmp/chainer-site --nvcc112 /tmp/tk/nvcc112/bin/nvcc112 \\
+    python benchmarks/run.py chainer-ab --site /tmp/chainer-site --nvcc112 /tmp/tk/nvcc112/bin/nvcc112 \\
         --tree 0.2.0=/tmp/pb020 --tree now=. --stock13 --rounds 3 --out ab
-    python benchmarks/chainer_ab.py ... --dry-run     # no GPU needed: arms, trees, wrappers, hooks
+    python benchmarks/run.py chainer-ab ... --dry-run     # no GPU needed: arms, trees, wrappers, hooks
 
 Writes results.json (every child's figures) and summary.md (medians over rounds, each round's ratio
 to the baseline tree, the issue's targets: cold within 1.05x of the baseline, warm at most 1.0x).
@@ -34,7 +34,6 @@ the ``nvcc`` first on PATH is the toolkit in use, for CuPy v1 and ptxbackend ali
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -42,10 +41,10 @@ import sys
 import tempfile
 import time
 
-# benchmarks/ for abrun, as the other scripts find benchutil; not the checkout's root: a stock child
+# benchmarks/ for ab, as the other scripts find benchutil; not the checkout's root: a stock child
 # must not be able to import ptxbackend from it.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import abrun  # noqa: E402
+import ab  # noqa: E402
 
 MARK = "CHAINERAB-RESULT "  # the child's one result line; anything else it prints is noise
 TARGET_COLD, TARGET_WARM = 1.05, 1.0  # ratio to the baseline tree, per kernel
@@ -88,15 +87,15 @@ def _verify(tree, pth_file):
     replaced = sorted(k for k, f in functions.items() if hasattr(f, "_ptxbackend_original"))
     info = {"cupy_from": os.path.dirname(cupy.__file__), "replaced": replaced, "nvcc_on_path": shutil.which("nvcc")}
     if tree is None:
-        abrun.assert_stock(replaced)
+        ab.assert_stock(replaced)
         return info
     import ptxbackend
-    cupy_integration = abrun.tree_module("ptxbackend.hook.cupy_integration")
-    abrun.assert_from_tree(tree, pth_file, ptxbackend.__file__)
+    cupy_integration = ab.tree_module("ptxbackend.hook.cupy_integration")
+    ab.assert_from_tree(tree, pth_file, ptxbackend.__file__)
     if len(replaced) != len(functions) or not cupy_integration.installed():
         raise SystemExit("tree arm: the hook did not take over CuPy v1's compile_with_cache (replaced %s): %s"
                          % (replaced, cupy_integration.status()))
-    found = abrun.tree_module("ptxbackend.compilers.nvcc").find_nvcc()
+    found = ab.tree_module("ptxbackend.compilers.nvcc").find_nvcc()
     if os.path.realpath(found) != os.path.realpath(info["nvcc_on_path"] or ""):
         raise SystemExit("tree arm: ptxbackend uses %s, not the nvcc wrapper on PATH (%s)" % (found, info["nvcc_on_path"]))
     info.update(version=ptxbackend.__version__, package_from=os.path.dirname(ptxbackend.__file__),
@@ -114,7 +113,7 @@ def _summarise_artifacts(records):
 
 
 def _cupy_info(cupy):
-    return abrun.probe_each({"cupy": getattr(cupy, "__version__", None) or "CuPy v1 (bundled with Chainer)"}, (
+    return ab.probe_each({"cupy": getattr(cupy, "__version__", None) or "CuPy v1 (bundled with Chainer)"}, (
         ("driver", lambda: cupy.cuda.runtime.driverGetVersion()),
         ("runtime", lambda: cupy.cuda.runtime.runtimeGetVersion()),
         ("compute_capability", lambda: cupy.cuda.Device().compute_capability)))
@@ -123,46 +122,48 @@ def _cupy_info(cupy):
 def child(args):
     perf = time.perf_counter
     tree = args.child_tree or None
-    pth_file = abrun.activate_tree(tree) if tree else None
+    pth_file = ab.activate_tree(tree) if tree else None
     t = perf()
     import cupy
     report = {"import_cupy_s": perf() - t}
     report["arm"] = _verify(tree, pth_file)
     if args.child == "check":  # the dry run, and the real run's check of every arm before timing
-        return abrun.report_check(MARK, cupy, report, args.kernels, kernel_spec, _cupy_info)
+        return ab.report_check(MARK, cupy, report, args.kernels, kernel_spec, _cupy_info)
 
     import numpy
     records, compile_seconds, stage_seconds = [], [], {}
     if tree:
-        abrun.probe_engine(records, compile_seconds)
-        abrun.probe_stages(stage_seconds)
-    dirs = abrun.cache_dirs()
-    x, y, timings = abrun.make_context(cupy, 4096, WARMUP)  # warm-up: nvcc --version among others
+        ab.probe_engine(records, compile_seconds)
+        ab.probe_stages(stage_seconds)
+    dirs = ab.cache_dirs()
+    x, y, timings = ab.make_context(cupy, 4096, WARMUP)  # warm-up: nvcc --version among others
     report.update(timings)
     if tree:  # 0 would mean the tree's hook reaches the engine some other way: no hit counts then
         report["probe_saw_warmup"] = len(records)
     del records[:], compile_seconds[:]
     for seconds in stage_seconds.values():
         del seconds[:]
-    report.update(abrun.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
+    report.update(ab.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
     if tree:
         report["artifacts"] = _summarise_artifacts(records)
         report["compile_us_per_kernel"] = sum(compile_seconds) / args.kernels * 1e6
-        report["stages"] = abrun.stage_report(stage_seconds, args.kernels)
+        report["stages"] = ab.stage_report(stage_seconds, args.kernels)
         import ptxbackend
         if hasattr(ptxbackend, "cache_counters"):  # 0.2.0 has none; the fleet mode reads round trips here
             report["counters"] = ptxbackend.cache_counters()
     report["y_checksum"] = float(cupy.asnumpy(y).astype(numpy.float64).sum())  # the last kernel's output
     report.update(_cupy_info(cupy))
-    abrun.emit(MARK, report)
+    ab.emit(MARK, report)
 
 
 # --------------------------------------------------------------------------- the parent
 
 def _parse_arms(specs, stock13):
     # every tree arm runs nvcc 11.2 and needs the modules the hook and find_nvcc live in
-    hook = (os.path.join("ptxbackend", "hook", "cupy_integration.py"), os.path.join("ptxbackend", "cupy_integration.py"))
-    arms = abrun.parse_trees(specs, STOCK, needs=(hook, os.path.join("ptxbackend", "compilers", "nvcc.py")),
+    # (the package layout's places first, then 0.4.0's flat ones; ab.tree_module imports either)
+    arms = ab.parse_trees(specs, STOCK, needs=((os.path.join("ptxbackend", "hook", "cupy_integration.py"),
+                                                os.path.join("ptxbackend", "cupy_integration.py")),
+                                               os.path.join("ptxbackend", "compilers", "nvcc.py")),
                              nvcc="nvcc112")
     if not arms:
         raise SystemExit("give at least one --tree NAME=DIR (the first is the baseline)")
@@ -228,21 +229,9 @@ def _check_toolkit(name, directory, scratch):
     return info
 
 
-def _machine():
-    info = {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
-            "cpus": os.cpu_count(), "host": platform.node()}
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=60)
-        info["gpu"] = (done.stdout.strip().splitlines() or [None])[0]
-    except (OSError, subprocess.SubprocessError) as exc:
-        info["gpu"] = "unavailable: %s" % type(exc).__name__
-    return info
-
-
 def _child_env(arm, caches, log, args):
     # CUDA_PATH, CUDA_HOME: the nvcc first on PATH is the toolkit in use; PYTHONPATH: only the site
-    env = abrun.child_env(caches, ("PTXBACKEND_", "CUPY_", "CUDA_CACHE_", "CHAINER_AB_"),
+    env = ab.child_env(caches, ("PTXBACKEND_", "CUPY_", "CUDA_CACHE_", "CHAINER_AB_"),
                           ("CUDA_PATH", "CUDA_HOME", "PYTHONPATH"))
     env["PATH"] = args.bins[arm["nvcc"]] + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = args.site
@@ -275,19 +264,19 @@ def _nvcc_calls(log):
 def run_child(mode, arm, caches, log, args):
     def count_nvcc(result):  # failed children too: a timeout's nvcc processes say where it hung
         result["nvcc"] = _nvcc_calls(log)
-    return abrun.launch(__file__, MARK, mode, arm, caches, _child_env(arm, caches, log, args), args, count_nvcc)
+    return ab.launch(__file__, MARK, mode, arm, caches, _child_env(arm, caches, log, args), args, count_nvcc)
 
 
 def summarise(results):
     """Per arm: cold and warm ms/kernel over rounds, and each round's ratio to the baseline tree."""
     base = results["baseline"]
-    per = abrun.by_arm_and_phase(results["runs"])
+    per = ab.by_arm_and_phase(results["runs"])
     out = {}
     for arm in results["arms"]:
         row = {}
-        for phase in abrun.PHASES:
+        for phase in ab.PHASES:
             mine = per.get((arm["name"], phase), {})
-            row.update(abrun.phase_figures(phase, mine, per.get((base, phase), {})))
+            row.update(ab.phase_figures(phase, mine, per.get((base, phase), {})))
             if arm["name"] == base:  # itself: 1.0 by definition, shown as "baseline"
                 row[phase + "_ratio"] = None
             row[phase + "_nvcc_compiles"] = [v["nvcc"]["compiles"] for _k, v in sorted(mine.items()) if "nvcc" in v]
@@ -302,21 +291,21 @@ def summarise(results):
                 kinds[k] = kinds.get(k, 0) + n
         row["cold_kinds"] = kinds
         warm = per.get((arm["name"], "warm"), {})
-        row["warm_compile_per_kernel"] = abrun.stats([v.get("compile_us_per_kernel") for v in warm.values()])
-        row["warm_stages"] = abrun.stage_summary(warm)
-        row["warm_median_kernel"] = abrun.stats([v.get("median_kernel_ms") for v in warm.values()])
-        row["warm_gc"] = abrun.stats([v.get("gc", {}).get("ms_per_kernel") for v in warm.values()])
+        row["warm_compile_per_kernel"] = ab.stats([v.get("compile_us_per_kernel") for v in warm.values()])
+        row["warm_stages"] = ab.stage_summary(warm)
+        row["warm_median_kernel"] = ab.stats([v.get("median_kernel_ms") for v in warm.values()])
+        row["warm_gc"] = ab.stats([v.get("gc", {}).get("ms_per_kernel") for v in warm.values()])
         out[arm["name"]] = row
     return out
 
 
 def render(results):
-    fmt = abrun.fmt
+    fmt = ab.fmt
     summary = results["summary"]
     m = results["machine"]
     base = results["baseline"]
     tk = results["toolkits"]
-    lines = ["# Chainer 1.24's CuPy v1 through the hook of each ptxbackend tree (%s)" % abrun.started(results),
+    lines = ["# Chainer 1.24's CuPy v1 through the hook of each ptxbackend tree (%s)" % ab.started(results),
              "", "GPU: %s; Python %s; Chainer's %s (driver %s, runtime %s, compute capability %s); nvcc 11.2: %s%s; "
              "%d kernels per child; %d round(s) done%s." % (
                  m.get("gpu"), m.get("python"), m.get("cupy"), m.get("driver"), m.get("runtime"),
@@ -339,7 +328,7 @@ def render(results):
             elif arm["dir"] is None or not ratio:
                 verdicts.append("-")
             else:
-                verdicts.append(abrun.verdict(ratio, target))
+                verdicts.append(ab.verdict(ratio, target))
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s / %s |" % (
             arm["name"], fmt(row["cold"]), fmt(row["warm"]), fmt(row["cold_ratio"]), fmt(row["warm_ratio"]),
             verdicts[0], verdicts[1], row["cold_nvcc_compiles"], row["warm_nvcc_compiles"]))
@@ -352,7 +341,7 @@ def render(results):
         row = summary[arm["name"]]
         lines.append("| %s | %s | %s | %s | %s |" % (arm["name"], fmt(row["warm_median_kernel"]), fmt(row["warm_gc"]),
                                                     fmt(row["warm_compile_per_kernel"], "%.1f"),
-                                                    abrun.stage_text(row["warm_stages"])))
+                                                    ab.stage_text(row["warm_stages"])))
     lines.append("")
     for arm in results["arms"]:
         row = summary[arm["name"]]
@@ -360,7 +349,7 @@ def render(results):
             title = "%s (stock CuPy v1, no hook, `nvcc --cubin -arch sm_XX` of CUDA %s: reference only)" % (
                 arm["name"], tk.get("nvcc13", {}).get("release"))
         else:
-            title = "%s (%s)" % (arm["name"], abrun.tree_label(arm))
+            title = "%s (%s)" % (arm["name"], ab.tree_label(arm))
         lines += ["## " + title, ""]
         lines.append("Child wall s: cold %s, warm %s; errors: cold %d, warm %d; nvcc processes (all kinds) cold %s, "
                      "warm %s; files CuPy's own kernel_cache gained: cold %s, warm %s." % (
@@ -382,7 +371,7 @@ def render(results):
 
 def record_check(results, arm, got, args):
     """Keep an arm's check child; stop unless it ran CuPy v1 from --site with the wrapper as ``nvcc``."""
-    abrun.record_check(results, arm, got)
+    ab.record_check(results, arm, got)
     if not os.path.realpath(got["arm"]["cupy_from"]).startswith(os.path.realpath(args.site) + os.sep):
         raise SystemExit("arm %s imported cupy from %s, not from --site %s" % (arm["name"], got["arm"]["cupy_from"],
                                                                              args.site))
@@ -393,12 +382,12 @@ def record_check(results, arm, got, args):
 
 
 def _save(results, out):
-    abrun.save(results, out, summarise, render)
+    ab.save(results, out, summarise, render)
 
 
 def _round_arms(arms, r, stock13_rounds):
     # stock13 only in its first rounds: its cold child is the slowest of all
-    return [a for a in abrun.round_order(arms, r) if a["dir"] is not None or r < stock13_rounds]
+    return [a for a in ab.round_order(arms, r) if a["dir"] is not None or r < stock13_rounds]
 
 
 def add_site_options(p):
@@ -430,7 +419,7 @@ def main(argv=None):
     add_site_options(p)
     p.add_argument("--nvcc13", default=os.environ.get("CHAINER_AB_NVCC13"),
                    help="the real CUDA 13 nvcc for stock13 (default /usr/local/cuda/bin/nvcc, else nvcc on PATH)")
-    abrun.add_run_options(p, child_timeout=150,
+    ab.add_run_options(p, child_timeout=150,
                           budget_help="start no round that would end past this many seconds (from the longest time "
                                       "each arm took)",
                           dry_run_help="check arms, toolkits and hooks in a child each; no kernel")
@@ -447,7 +436,7 @@ def main(argv=None):
                                       else shutil.which("nvcc"))
         if not args.nvcc13:
             p.error("--stock13: no CUDA 13 nvcc found (give --nvcc13)")
-    return abrun.in_scratch("chainer-ab-", args, lambda scratch: _run(args, arms, scratch, t_main))
+    return ab.in_scratch("chainer-ab-", args, lambda scratch: _run(args, arms, scratch, t_main))
 
 
 _CACHES = ("cupy", "ptxbackend", "cuda_jit", "home")  # home: CuPy v1's ~/.cupy
@@ -458,7 +447,7 @@ def _run(args, arms, scratch, t_main):
     if args.stock13:
         args.bins["nvcc13"] = _make_wrapper(scratch, "nvcc13", os.path.abspath(args.nvcc13))
     results = {"started": time.time(), "kernels": args.kernels, "rounds": args.rounds, "arms": arms,
-               "baseline": arms[0]["name"], "site": args.site, "machine": _machine(), "toolkits": {},
+               "baseline": arms[0]["name"], "site": args.site, "machine": ab.machine(), "toolkits": {},
                "targets": {"cold": TARGET_COLD, "warm": TARGET_WARM}, "checks": {}, "runs": [], "rounds_done": 0}
     for name, directory in sorted(args.bins.items()):
         results["toolkits"][name] = got = _check_toolkit(name, directory, scratch)
@@ -466,41 +455,33 @@ def _run(args, arms, scratch, t_main):
 
     # Each arm once, before any timing: proves every hook takes over (or stays away) and finds the
     # wrapper before the budget is spent, and warms the page cache for CuPy v1 and each tree.
-    abrun.precompile([p for a in arms if a["dir"] for p in abrun.tree_files(a["dir"])] +
+    ab.precompile([p for a in arms if a["dir"] for p in ab.tree_files(a["dir"])] +
                      [os.path.join(args.site, q) for q in ("cupy", "six.py", "filelock")])
-    for arm in arms:
-        got = run_child("check", arm, abrun.arm_caches(scratch, "check", arm, _CACHES),
-                        os.path.join(scratch, "check", arm["name"], "nvcc.log"), args)
-        record_check(results, arm, got, args)
+    ab.check_arms(results, arms,
+                  lambda arm: run_child("check", arm, ab.arm_caches(scratch, "check", arm, _CACHES),
+                                        os.path.join(scratch, "check", arm["name"], "nvcc.log"), args),
+                  lambda res, arm, got: record_check(res, arm, got, args))
     first = results["checks"][arms[0]["name"]]
     results["machine"].update({k: first.get(k) for k in ("cupy", "driver", "runtime", "compute_capability")})
-    plan = abrun.plan(args.rounds, lambda r: _round_arms(arms, r, args.stock13_rounds))
+    plan = ab.plan(args.rounds, lambda r: _round_arms(arms, r, args.stock13_rounds))
     if args.dry_run:
-        abrun.print_plan(plan)
+        ab.print_plan(plan)
         return 0
 
     os.makedirs(args.out, exist_ok=True)
     results["plan"] = plan
-    spent = {}  # arm -> the longest cold + warm it took
-    for r in range(args.rounds):
-        todo = _round_arms(arms, r, args.stock13_rounds)
-        # stock13 runs in round 0 only: estimate each arm from its own past, not from the longest round
-        estimate = sum(spent.get(a["name"], max(spent.values() or [0])) for a in todo)
-        if abrun.over_budget(results, args.budget_s, r, time.perf_counter() - t_main, estimate):
-            break
-        for arm in todo:
-            caches = abrun.arm_caches(scratch, "r%d" % r, arm, _CACHES)
-            t_arm = time.perf_counter()
-            for phase in abrun.PHASES:
-                log = os.path.join(scratch, "r%d" % r, arm["name"], "nvcc-%s.log" % phase)
-                got = run_child("run", arm, caches, log, args)
-                figure = got["error"].splitlines()[-1][:200] if "error" in got else \
-                    "%.3f ms/kernel (wall %.1f s, nvcc %s)" % (got["per_kernel_ms"], got["wall_s"], got["nvcc"])
-                abrun.record_run(results, got, arm, phase, r, figure)
-                _save(results, args.out)  # after every child: a run cut off by a timeout keeps its figures
-            spent[arm["name"]] = max(spent.get(arm["name"], 0), time.perf_counter() - t_arm)
-        results["rounds_done"] = r + 1
-        _save(results, args.out)
+
+    def run_arm(arm, r):
+        caches = ab.arm_caches(scratch, "r%d" % r, arm, _CACHES)
+        for phase in ab.PHASES:
+            log = os.path.join(scratch, "r%d" % r, arm["name"], "nvcc-%s.log" % phase)
+            got = run_child("run", arm, caches, log, args)
+            yield phase, got, (got["error"].splitlines()[-1][:200] if "error" in got else
+                               "%.3f ms/kernel (wall %.1f s, nvcc %s)" % (got["per_kernel_ms"], got["wall_s"], got["nvcc"]))
+
+    # stock13 runs in its first rounds only: estimate each arm from its own past, not from the longest round
+    ab.run_rounds(results, args.rounds, lambda r: _round_arms(arms, r, args.stock13_rounds), run_arm,
+                  lambda res: _save(res, args.out), args.budget_s, t_main, per_arm_estimate=True)
     _save(results, args.out)
     print(render(results))
     return 0

@@ -1,4 +1,4 @@
-"""Issue 24: stock CuPy 14 and ptxbackend's start-up hook side by side, fresh processes, one run.
+"""ab.py's cupy workload: stock CuPy 14 and the start-up hook of each tree side by side, fresh processes.
 
 Arms: ``stock`` (CuPy alone: PTXBACKEND_DISABLE=1, no hook registered) and one arm per ptxbackend
 source tree (``--tree NAME=DIR``, e.g. an old release unpacked from ``git archive`` and the working
@@ -13,9 +13,9 @@ kernel.  Cold = a child over empty caches (CuPy's, ptxbackend's, the driver's JI
 per arm and round); warm = a second fresh child over what the cold one left.  Rounds interleave
 the arms ABAB (order reversed every other round) so that arms compared share the machine's state.
 
-    python benchmarks/cupy14_ab.py --tree 0.2.0=/tmp/pb020 --tree now=. --rounds 3 --out ab
-    python benchmarks/cupy14_ab.py --tree now=. --dry-run     # no GPU: checks arms and hooks only
-    python benchmarks/cupy14_ab.py --tree now=. --tree pch=. --arm-env pch:PTXBACKEND_NVRTC_PCH=1 --out ab
+    python benchmarks/run.py cupy-ab --tree 0.2.0=/tmp/pb020 --tree now=. --rounds 3 --out ab
+    python benchmarks/run.py cupy-ab --tree now=. --dry-run     # no GPU: checks arms and hooks only
+    python benchmarks/run.py cupy-ab --tree now=. --tree pch=. --arm-env pch:PTXBACKEND_NVRTC_PCH=1 --out ab
 
 Writes results.json (every child's figures) and summary.md (medians, ratios to stock per round,
 the issue's targets: warm at most 0.5x stock, cold at most 1x stock).  Inherited PTXBACKEND_*
@@ -24,18 +24,16 @@ variables are dropped so that every arm runs on defaults.
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-# benchmarks/ for abrun, as the other scripts find benchutil; not the checkout's root: a stock child
+# benchmarks/ for ab, as the other scripts find benchutil; not the checkout's root: a stock child
 # must not be able to import ptxbackend from it.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import abrun  # noqa: E402
+import ab  # noqa: E402
 
 MARK = "CUPY14AB-RESULT "  # the child's one result line; anything else it prints is noise
 TARGET_WARM, TARGET_COLD = 0.5, 1.0  # issue 24: ratio to stock CuPy, per kernel
@@ -68,11 +66,11 @@ def _verify(tree, pth_file):
     import cupy.cuda.compiler as compiler
     replaced = hasattr(compiler._compile_module_with_cache, "_ptxbackend_original")
     if tree is None:
-        abrun.assert_stock(replaced)
+        ab.assert_stock(replaced)
         return {}
     import ptxbackend
-    cupy_integration = abrun.tree_module("ptxbackend.hook.cupy_integration")
-    abrun.assert_from_tree(tree, pth_file, ptxbackend.__file__)
+    cupy_integration = ab.tree_module("ptxbackend.hook.cupy_integration")
+    ab.assert_from_tree(tree, pth_file, ptxbackend.__file__)
     if not (replaced and cupy_integration.installed()):
         raise SystemExit("tree arm: the hook did not take over CuPy's compiler: %s" % (cupy_integration.status(),))
     return {"version": ptxbackend.__version__, "from": os.path.dirname(ptxbackend.__file__),
@@ -81,7 +79,7 @@ def _verify(tree, pth_file):
 
 artifact_seconds = []
 cache_function_seconds = []
-stage_seconds = {}  # a tree arm's hook, step by step (abrun.probe_stages)
+stage_seconds = {}  # a tree arm's hook, step by step (ab.probe_stages)
 
 
 def _time_cache_function():
@@ -93,7 +91,7 @@ def _time_cache_function():
     there sees every kernel.
     """
     import cupy.cuda.compiler as compiler
-    compiler._compile_module_with_cache = abrun.timed(compiler._compile_module_with_cache, cache_function_seconds)
+    compiler._compile_module_with_cache = ab.timed(compiler._compile_module_with_cache, cache_function_seconds)
 
 
 def _summarise_artifacts(records):
@@ -120,7 +118,7 @@ def _summarise_artifacts(records):
 
 
 def _cupy_info(cupy):
-    return abrun.probe_each({"cupy": cupy.__version__}, (
+    return ab.probe_each({"cupy": cupy.__version__}, (
         ("driver", lambda: cupy.cuda.runtime.driverGetVersion()),
         ("runtime", lambda: cupy.cuda.runtime.runtimeGetVersion()),
         ("nvrtc", lambda: cupy.cuda.compiler._get_nvrtc_version()),
@@ -130,21 +128,21 @@ def _cupy_info(cupy):
 def child(args):
     perf = time.perf_counter
     tree = args.child_tree or None
-    pth_file = abrun.activate_tree(tree) if tree else None
+    pth_file = ab.activate_tree(tree) if tree else None
     t = perf()
     import cupy
     report = {"import_cupy_s": perf() - t}
     report["ptxbackend"] = _verify(tree, pth_file)
     if args.child == "check":  # the dry run, and the real run's uncounted priming pass
-        return abrun.report_check(MARK, cupy, report, args.kernels, kernel_spec, _cupy_info)
+        return ab.report_check(MARK, cupy, report, args.kernels, kernel_spec, _cupy_info)
 
     records = []
     if tree:
-        abrun.probe_engine(records, artifact_seconds)
-        abrun.probe_stages(stage_seconds)
+        ab.probe_engine(records, artifact_seconds)
+        ab.probe_stages(stage_seconds)
     _time_cache_function()
-    dirs = abrun.cache_dirs()
-    x, y, timings = abrun.make_context(cupy, 1024, WARMUP)  # warm-up: NVRTC's start-up among others
+    dirs = ab.cache_dirs()
+    x, y, timings = ab.make_context(cupy, 1024, WARMUP)  # warm-up: NVRTC's start-up among others
     report.update(timings)
     if tree:  # 0 would mean the tree's hook reaches the engine some other way: no hit counts then
         report["probe_saw_warmup"] = len(records)
@@ -152,7 +150,7 @@ def child(args):
     del records[:], cache_function_seconds[:], artifact_seconds[:]
     for seconds in stage_seconds.values():
         del seconds[:]
-    report.update(abrun.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
+    report.update(ab.time_kernels(cupy, x, y, [kernel_spec(i) for i in range(args.kernels)], dirs))
     n = args.kernels
     # The program's view: its first kernel (which pays each arm's one-time costs: NVRTC's start-up and
     # CuPy's empty-file preprocess and header checksum for stock, ptxbackend's settings for the hook)
@@ -166,63 +164,49 @@ def child(args):
     if tree:
         report["artifacts"] = _summarise_artifacts(records)
         report["artifacts"]["in_compile_us_per_kernel"] = sum(artifact_seconds) / n * 1e6
-        report["stages"] = abrun.stage_report(stage_seconds, n)
+        report["stages"] = ab.stage_report(stage_seconds, n)
     report.update(_cupy_info(cupy))
-    abrun.emit(MARK, report)
+    ab.emit(MARK, report)
 
 
 # --------------------------------------------------------------------------- the parent
 
-def _machine():
-    info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-            "host": platform.node()}
-    for key, cmd in (("gpu", ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]),
-                     ("nvcc", ["nvcc", "--version"])):
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-            lines = done.stdout.strip().splitlines()
-            info[key] = lines[-1] if key == "nvcc" and lines else (lines[0] if lines else None)
-        except (OSError, subprocess.SubprocessError) as exc:
-            info[key] = "unavailable: %s" % type(exc).__name__
-    return info
-
-
 def run_child(mode, arm, caches, args):
-    # PTXBACKEND_*: every arm on defaults; the cache variables: each child gets its own (abrun.child_env)
-    env = abrun.child_env(caches, ("PTXBACKEND_",), ("CUPY_CACHE_DIR", "CUDA_CACHE_PATH"))
+    # PTXBACKEND_*: every arm on defaults; the cache variables: each child gets its own (ab.child_env)
+    env = ab.child_env(caches, ("PTXBACKEND_",), ("CUPY_CACHE_DIR", "CUDA_CACHE_PATH"))
     env.update(arm.get("env") or {})  # --arm-env: the one setting this arm is about
-    return abrun.launch(__file__, MARK, mode, arm, caches, env, args)
+    return ab.launch(__file__, MARK, mode, arm, caches, env, args)
 
 
 def summarise(results):
     """Per arm: cold and warm ms/kernel over rounds, and each round's ratio to stock in that round."""
-    per = abrun.by_arm_and_phase(results["runs"])
+    per = ab.by_arm_and_phase(results["runs"])
     out = {}
     for arm in results["arms"]:
         row = {}
-        for phase in abrun.PHASES:
+        for phase in ab.PHASES:
             mine = per.get((arm["name"], phase), {})
-            row.update(abrun.phase_figures(phase, mine, per.get(("stock", phase), {})))
-            row.update(abrun.phase_figures(phase, mine, per.get(("stock", phase), {}), "with_first_ms",
+            row.update(ab.phase_figures(phase, mine, per.get(("stock", phase), {})))
+            row.update(ab.phase_figures(phase, mine, per.get(("stock", phase), {}), "with_first_ms",
                                            phase + "_with_first"))
-            row[phase + "_cache_function"] = abrun.stats([v.get("cache_function_ms_per_kernel")
+            row[phase + "_cache_function"] = ab.stats([v.get("cache_function_ms_per_kernel")
                                                           for v in mine.values()])
-            row[phase + "_warmup_cache_function"] = abrun.stats([v.get("warmup_cache_function_ms")
+            row[phase + "_warmup_cache_function"] = ab.stats([v.get("warmup_cache_function_ms")
                                                                  for v in mine.values()])
-            row[phase + "_in_compile"] = abrun.stats([v.get("artifacts", {}).get("in_compile_ms_median")
+            row[phase + "_in_compile"] = ab.stats([v.get("artifacts", {}).get("in_compile_ms_median")
                                                       for v in mine.values()])
-            row[phase + "_median_kernel"] = abrun.stats([v.get("median_kernel_ms") for v in mine.values()])
-            row[phase + "_gc"] = abrun.stats([v.get("gc", {}).get("ms_per_kernel") for v in mine.values()])
+            row[phase + "_median_kernel"] = ab.stats([v.get("median_kernel_ms") for v in mine.values()])
+            row[phase + "_gc"] = ab.stats([v.get("gc", {}).get("ms_per_kernel") for v in mine.values()])
             row[phase + "_gc_full_runs"] = [v["gc"]["runs_by_generation"][2] for v in mine.values() if "gc" in v]
-            row[phase + "_compile_per_kernel"] = abrun.stats([v.get("artifacts", {}).get("in_compile_us_per_kernel")
+            row[phase + "_compile_per_kernel"] = ab.stats([v.get("artifacts", {}).get("in_compile_us_per_kernel")
                                                               for v in mine.values()])
-            row[phase + "_stages"] = abrun.stage_summary(mine, phase)
+            row[phase + "_stages"] = ab.stage_summary(mine, phase)
             row[phase + "_hits"] = [v["artifacts"]["hits"] for v in mine.values() if "artifacts" in v]
             row[phase + "_served"] = [v["artifacts"]["served"] for v in mine.values() if "artifacts" in v]
             row[phase + "_cupy_files"] = [v["caches"]["cupy"]["after"]["files"] - v["caches"]["cupy"]["before"]["files"]
                                           for v in mine.values() if "caches" in v]
         cold = [v for v in per.get((arm["name"], "cold"), {}).values() if "caches" in v]
-        row["cache_bytes_per_kernel"] = abrun.stats([v["cache_bytes_per_kernel"] for v in cold])
+        row["cache_bytes_per_kernel"] = ab.stats([v["cache_bytes_per_kernel"] for v in cold])
         row["entry_overhead_max"] = max([v["artifacts"].get("entry_overhead_max", 0) for v in cold
                                          if "artifacts" in v] or [None], key=lambda v: -1 if v is None else v)
         out[arm["name"]] = row
@@ -230,10 +214,10 @@ def summarise(results):
 
 
 def render(results):
-    fmt = abrun.fmt
+    fmt = ab.fmt
     summary = results["summary"]
     m = results["machine"]
-    lines = ["# Issue 24: stock CuPy 14 vs the start-up hook (%s)" % abrun.started(results),
+    lines = ["# Issue 24: stock CuPy 14 vs the start-up hook (%s)" % ab.started(results),
              "", "GPU: %s; CuPy %s, NVRTC %s; Python %s; %d kernels per child; %d round(s) done%s." % (
                  m.get("gpu"), m.get("cupy"), m.get("nvrtc"), m.get("python"), results["kernels"],
                  results["rounds_done"], " (stopped by the budget)" if results.get("stopped_by_budget") else ""),
@@ -266,7 +250,7 @@ def render(results):
               "other steps us |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm in results["arms"]:
         row = summary[arm["name"]]
-        steps = abrun.stage_text(row["warm_stages"])
+        steps = ab.stage_text(row["warm_stages"])
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
             arm["name"], fmt(row["warm"]), fmt(row["warm_median_kernel"]), fmt(row["warm_gc"]),
             row["warm_gc_full_runs"] or "-", fmt(row["warm_cache_function"]),
@@ -274,12 +258,12 @@ def render(results):
     lines.append("")
     for arm in results["arms"]:
         row = summary[arm["name"]]
-        title = arm["name"] + ("" if arm["dir"] is None else " (%s)" % abrun.tree_label(arm))
+        title = arm["name"] + ("" if arm["dir"] is None else " (%s)" % ab.tree_label(arm))
         lines += ["## " + title, "", "| phase | ms/kernel | ratio to stock | target | child wall s | errors |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for phase, target in (("cold", TARGET_COLD), ("warm", TARGET_WARM)):
             ratio = row[phase + "_ratio"]
-            verdict = "-" if arm["dir"] is None or not ratio else abrun.verdict(ratio, target)
+            verdict = "-" if arm["dir"] is None or not ratio else ab.verdict(ratio, target)
             lines.append("| %s | %s | %s | <= %.1fx: %s | %s | %d |" % (
                 phase, fmt(row[phase]), fmt(ratio), target, verdict, fmt(row[phase + "_wall"], "%.1f"),
                 row[phase + "_errors"]))
@@ -296,7 +280,7 @@ def render(results):
 
 
 def _save(results, out):
-    abrun.save(results, out, summarise, render)
+    ab.save(results, out, summarise, render)
 
 
 def main(argv=None):
@@ -304,7 +288,7 @@ def main(argv=None):
     p.add_argument("--tree", action="append", default=[], metavar="NAME=DIR", help="a ptxbackend source tree arm")
     p.add_argument("--arm-env", action="append", default=[], metavar="NAME:VAR=VALUE",
                    help="a variable set for tree arm NAME's children only (e.g. pch:PTXBACKEND_NVRTC_PCH=1)")
-    abrun.add_run_options(p, child_timeout=300,
+    ab.add_run_options(p, child_timeout=300,
                           budget_help="start no round that the longest round so far would push past this",
                           dry_run_help="check arms and hooks in a child each; run no kernel")
     args = p.parse_args(argv)
@@ -314,7 +298,7 @@ def main(argv=None):
         p.error("--rounds and --kernels must be at least 1")
     if not args.dry_run and not args.out:
         p.error("--out is needed (or --dry-run)")
-    arms = [{"name": "stock", "dir": None}] + abrun.parse_trees(args.tree, "stock")
+    arms = [{"name": "stock", "dir": None}] + ab.parse_trees(args.tree, "stock")
     for spec in args.arm_env:
         name, colon, assignment = spec.partition(":")
         var, eq, value = assignment.partition("=")
@@ -324,38 +308,30 @@ def main(argv=None):
         arm[0].setdefault("env", {})[var] = value
     scratch = tempfile.mkdtemp(prefix="cupy14-ab-")
     results = {"started": time.time(), "kernels": args.kernels, "rounds": args.rounds, "arms": arms,
-               "machine": _machine(), "checks": {}, "runs": [], "rounds_done": 0}
+               "machine": ab.machine(), "checks": {}, "runs": [], "rounds_done": 0}
 
-    # Each arm once, before any timing: proves every hook takes over (or stays away) before the
-    # budget is spent, and warms the page cache for CuPy and each tree.
     for arm in arms:
         if arm["dir"]:
-            abrun.precompile(abrun.tree_files(arm["dir"]))
-        abrun.record_check(results, arm, run_child("check", arm, abrun.arm_caches(scratch, "check", arm), args))
+            ab.precompile(ab.tree_files(arm["dir"]))
+    ab.check_arms(results, arms, lambda arm: run_child("check", arm, ab.arm_caches(scratch, "check", arm), args))
     stock = results["checks"]["stock"]
     results["machine"].update({k: stock.get(k) for k in ("cupy", "nvrtc", "driver", "runtime", "device")})
     if args.dry_run:
-        abrun.print_plan(abrun.plan(args.rounds, lambda r: abrun.round_order(arms, r)))
+        ab.print_plan(ab.plan(args.rounds, lambda r: ab.round_order(arms, r)))
         shutil.rmtree(scratch, ignore_errors=True)
         return 0
 
     os.makedirs(args.out, exist_ok=True)
-    t_start, longest = time.perf_counter(), 0.0
-    for r in range(args.rounds):
-        if abrun.over_budget(results, args.budget_s, r, time.perf_counter() - t_start, longest):
-            _save(results, args.out)
-            break
-        t_round = time.perf_counter()
-        for arm in abrun.round_order(arms, r):
-            caches = abrun.arm_caches(scratch, "r%d" % r, arm)
-            for phase in abrun.PHASES:
-                got = run_child("run", arm, caches, args)
-                figure = got["error"].splitlines()[-1] if "error" in got else "%.3f ms/kernel (wall %.1f s)" % (got["per_kernel_ms"], got["wall_s"])
-                abrun.record_run(results, got, arm, phase, r, figure)
-                _save(results, args.out)  # after every child: a run cut off by a timeout keeps its figures
-        longest = max(longest, time.perf_counter() - t_round)
-        results["rounds_done"] = r + 1
-        _save(results, args.out)
+
+    def run_arm(arm, r):
+        caches = ab.arm_caches(scratch, "r%d" % r, arm)
+        for phase in ab.PHASES:
+            got = run_child("run", arm, caches, args)
+            yield phase, got, (got["error"].splitlines()[-1] if "error" in got else
+                               "%.3f ms/kernel (wall %.1f s)" % (got["per_kernel_ms"], got["wall_s"]))
+
+    ab.run_rounds(results, args.rounds, lambda r: ab.round_order(arms, r), run_arm,
+                  lambda res: _save(res, args.out), args.budget_s, time.perf_counter())
     if args.keep_caches:
         print("caches kept in", scratch)
     else:

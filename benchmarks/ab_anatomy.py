@@ -1,7 +1,7 @@
 """Where a warm CuPy 14 kernel's time goes, per arm, on the machine it runs on (one run, fresh processes).
 
 For each arm (``stock``, and each ``--tree NAME=DIR`` through its start-up hook), a cold child fills
-the arm's caches with 2N distinct kernels (``cupy14_ab``'s), then a warm child:
+the arm's caches with 2N distinct kernels (ab_cupy's), then a warm child:
 
 1. times N of them as a program sees them (``ElementwiseKernel(...)(x, y)``, first use);
 2. times the parts of a hit one by one, each over the kernels it captured: ptxbackend's
@@ -15,7 +15,7 @@ directory, the working directory): ``stat`` of a file and of a missing name, ``o
 with each place's file system type, and, for a tree arm, how ``ptxbackend doctor`` keeps its headers
 checked.  Those answers are what explain a hit that is fast on one machine and slow on another.
 
-    python benchmarks/hit_anatomy.py --tree 0.2.0=/tmp/pb020 --tree now=. --out anatomy
+    python benchmarks/run.py anatomy --tree 0.2.0=/tmp/pb020 --tree now=. --out anatomy
 """
 
 import argparse
@@ -31,8 +31,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import abrun  # noqa: E402
-from cupy14_ab import WARMUP, kernel_spec  # noqa: E402
+import ab  # noqa: E402
+from ab_cupy import WARMUP, kernel_spec  # noqa: E402
 
 MARK = "ANATOMY-RESULT "
 
@@ -113,14 +113,14 @@ def child(args):
     perf = time.perf_counter
     tree = args.child_tree or None
     if tree:
-        abrun.activate_tree(tree)
+        ab.activate_tree(tree)
     import cupy
     import cupy.cuda.compiler as compiler
     report = {"arm_tree": tree}
     calls = []
     if tree:
         from ptxbackend.compiling import engine
-        entry = abrun.hook_entry(engine)
+        entry = ab.hook_entry(engine)
         original = getattr(engine, entry)
 
         def capture(*a, **kw):
@@ -130,7 +130,7 @@ def child(args):
             finally:
                 calls.append((a, kw, time.perf_counter() - t))
         setattr(engine, entry, capture)
-    x, y, timings = abrun.make_context(cupy, 1024, WARMUP)
+    x, y, timings = ab.make_context(cupy, 1024, WARMUP)
     report.update(timings)
     n = args.kernels
     if args.child == "fill":
@@ -228,16 +228,16 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.child:
         return child(args)
-    arms = [{"name": "stock", "dir": None}] + abrun.parse_trees(args.tree, "stock")
+    arms = [{"name": "stock", "dir": None}] + ab.parse_trees(args.tree, "stock")
     os.makedirs(args.out, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="anatomy-")
     results = {}
     try:
         for arm in arms:
-            caches = abrun.arm_caches(scratch, "a", arm)
-            env = abrun.child_env(caches, ("PTXBACKEND_",), ("CUPY_CACHE_DIR", "CUDA_CACHE_PATH"))
-            fill = abrun.launch(__file__, MARK, "fill", arm, caches, env, args)
-            warm = abrun.launch(__file__, MARK, "warm", arm, caches, env, args)
+            caches = ab.arm_caches(scratch, "a", arm)
+            env = ab.child_env(caches, ("PTXBACKEND_",), ("CUPY_CACHE_DIR", "CUDA_CACHE_PATH"))
+            fill = ab.launch(__file__, MARK, "fill", arm, caches, env, args)
+            warm = ab.launch(__file__, MARK, "warm", arm, caches, env, args)
             results[arm["name"]] = {"fill": fill, "warm": warm}
             print("== %s: fill %s; warm %s" % (arm["name"], fill.get("error") or "%.1f s" % fill["wall_s"],
                                                 warm.get("error") or ""), flush=True)
