@@ -85,10 +85,12 @@ def nvcc112(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def nvrtc117():
-    """Path of libnvrtc from the nvidia-cuda-nvrtc-cu11==11.7.99 wheel."""
-    explicit = os.environ.get("PTXBACKEND_TEST_NVRTC")
-    if explicit and os.path.exists(explicit):
-        return explicit
+    """Path of libnvrtc from the nvidia-cuda-nvrtc-cu11==11.7.99 wheel (or PTXBACKEND_TEST_NVRTC117,
+    then PTXBACKEND_TEST_NVRTC: a library or its directory)."""
+    for variable in ("PTXBACKEND_TEST_NVRTC117", "PTXBACKEND_TEST_NVRTC"):
+        explicit = os.environ.get(variable)
+        if explicit and os.path.exists(explicit):
+            return explicit
     for entry in sys.path:
         lib = os.path.join(entry, "nvidia", "cuda_nvrtc", "lib")
         if os.path.isdir(lib):

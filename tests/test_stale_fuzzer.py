@@ -14,7 +14,9 @@ with NVRTC 13.5's precompiled headers on or off, and either in one long-lived pr
 process's memory dropped before each cached compile (what a new process sees); at the end of each
 sequence a real new process asks the cache too.
 
-Budget: ``PTXBACKEND_FUZZ_SECONDS`` (default 60) in all, two thirds NVRTC, one third nvcc;
+Budget: ``PTXBACKEND_FUZZ_SECONDS`` (default 60) in all: half NVRTC 13.5, a third nvcc 13, a sixth
+NVRTC 11.7 (the ``nvidia-cuda-nvrtc-cu11`` wheel of the test extra, or ``PTXBACKEND_TEST_NVRTC117``;
+it has no precompiled headers and reads through another front end, and builds up to ``compute_87``);
 ``PTXBACKEND_FUZZ_SEED`` replays a run.  A difference fails with the seed, and Hypothesis shrinks it
 to a minimal tree and sequence and prints them.  Longer runs: docs/reliability.md.
 """
@@ -240,11 +242,11 @@ class Tree(object):
         return name == "fail"
 
 
-def _answer(compiler, source, options, cache_dir, pch):
+def _answer(compiler, source, options, cache_dir, pch, target):
     """The image (or ``"error"``) ptxbackend returns from ``cache_dir``, with precompiled headers on or off."""
     os.environ["PTXBACKEND_NVRTC_PCH"] = "1" if pch else "0"
     try:
-        return bytes(ptxbackend.compile(source, options, target="compute_90", compiler=compiler,
+        return bytes(ptxbackend.compile(source, options, target=target, compiler=compiler,
                                         cache_dir=cache_dir).image)
     except ptxbackend.CompileError:
         return "error"
@@ -252,9 +254,9 @@ def _answer(compiler, source, options, cache_dir, pch):
 
 CHILD = r'''
 import json, sys, ptxbackend
-compiler, options, cache_dir = %r, %s, %r
+compiler, options, cache_dir, target = %r, %s, %r, %r
 try:
-    image = bytes(ptxbackend.compile(%r, options, target="compute_90", compiler=compiler, cache_dir=cache_dir).image)
+    image = bytes(ptxbackend.compile(%r, options, target=target, compiler=compiler, cache_dir=cache_dir).image)
     print(json.dumps(image.decode("latin-1")))
 except ptxbackend.CompileError:
     print(json.dumps("error"))
@@ -264,9 +266,9 @@ except ptxbackend.CompileError:
 TRUTH = r'''
 import json, sys, ptxbackend
 for line in sys.stdin:
-    compiler, source, options, cache_dir = json.loads(line)
+    compiler, source, options, cache_dir, target = json.loads(line)
     try:
-        image = bytes(ptxbackend.compile(source, options, target="compute_90", compiler=compiler,
+        image = bytes(ptxbackend.compile(source, options, target=target, compiler=compiler,
                                          cache_dir=cache_dir).image)
         answer = image.decode("latin-1")
     except ptxbackend.CompileError:
@@ -287,8 +289,8 @@ class Truth(object):
         self.proc = subprocess.Popen([sys.executable, "-c", TRUTH], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, universal_newlines=True)
 
-    def __call__(self, compiler, source, options, cache_dir):
-        self.proc.stdin.write(json.dumps([compiler, source, options, cache_dir]) + "\n")
+    def __call__(self, compiler, source, options, cache_dir, target):
+        self.proc.stdin.write(json.dumps([compiler, source, options, cache_dir, target]) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -301,8 +303,9 @@ class Truth(object):
         self.proc.wait()
 
 
-def _new_process(compiler, options, cache_dir):
-    out = run_python(CHILD % (compiler, json.dumps(options), cache_dir, SOURCE), env={"PTXBACKEND_NVRTC_PCH": "0"})
+def _new_process(compiler, options, cache_dir, target):
+    out = run_python(CHILD % (compiler, json.dumps(options), cache_dir, target, SOURCE),
+                     env={"PTXBACKEND_NVRTC_PCH": "0"})
     found = json.loads(out.strip().splitlines()[-1])
     return found if found == "error" else found.encode("latin-1")
 
@@ -310,8 +313,9 @@ def _new_process(compiler, options, cache_dir):
 class Run(object):
     """One fuzzer run: its budget and what it found, for the report."""
 
-    def __init__(self, compiler, seconds):
+    def __init__(self, compiler, seconds, target="compute_90", label=None):
         self.compiler, self.deadline, self.started = compiler, time.time() + seconds, time.time()
+        self.target, self.label = target, label or compiler
         self.sequences = 0
         self.seed = SEED
         self.truth = Truth()
@@ -327,14 +331,15 @@ class Run(object):
                 broken = tree.apply(op) if step else False
                 done.append(op)
                 if broken:
-                    _answer(self.compiler, BROKEN, tree.options, cache, pch)
+                    _answer(self.compiler, BROKEN, tree.options, cache, pch, self.target)
                 if new_process_view:
                     depsets.forget()
-                cached = _answer(self.compiler, SOURCE, tree.options, cache, pch)
-                truth = self.truth(self.compiler, SOURCE, tree.options, os.path.join(root, "fresh%d" % step))
+                cached = _answer(self.compiler, SOURCE, tree.options, cache, pch, self.target)
+                truth = self.truth(self.compiler, SOURCE, tree.options, os.path.join(root, "fresh%d" % step),
+                                   self.target)
                 if cached != truth:
                     self.fail("after %r" % (done,), spec, pch, new_process_view, cached, truth)
-            if _new_process(self.compiler, tree.options, cache) != truth:
+            if _new_process(self.compiler, tree.options, cache, self.target) != truth:
                 self.fail("in a new process after %r" % (done,), spec, pch, new_process_view, "", truth)
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -344,7 +349,7 @@ class Run(object):
             return image if isinstance(image, str) else image.decode("latin-1")[-300:]
         message = ("stale hit with %s (precompiled headers %s, %s) %s, %.1f s and %d sequences into the run; "
                    "seed %d (PTXBACKEND_FUZZ_SEED=%d replays it)\ntree %r\ncached ...%s\nfresh  ...%s"
-                   % (self.compiler, "on" if pch else "off",
+                   % (self.label, "on" if pch else "off",
                       "memory dropped before each hit" if new_process_view else "one long-lived process",
                       where, time.time() - self.started, self.sequences, self.seed, self.seed, spec, value(cached),
                       value(truth)))
@@ -352,14 +357,18 @@ class Run(object):
         raise AssertionError(message)
 
 
-@pytest.mark.parametrize("compiler, share", [("nvrtc", 2.0 / 3), ("nvcc", 1.0 / 3)])
-def test_no_sequence_of_changes_gives_a_stale_hit(compiler, share, request, monkeypatch):
-    if compiler == "nvcc":
+@pytest.mark.parametrize("label, share", [("nvrtc", 1.0 / 2), ("nvcc", 1.0 / 3), ("nvrtc117", 1.0 / 6)])
+def test_no_sequence_of_changes_gives_a_stale_hit(label, share, request, monkeypatch):
+    compiler, target = ("nvcc" if label == "nvcc" else "nvrtc"), "compute_90"
+    if label == "nvcc":
         request.getfixturevalue("nvcc13")
-    else:
+    elif label == "nvrtc":
         monkeypatch.setenv("PTXBACKEND_NVRTC", request.getfixturevalue("nvrtc_pch"))
+    else:
+        monkeypatch.setenv("PTXBACKEND_NVRTC", request.getfixturevalue("nvrtc117"))
+        target = "compute_80"  # 11.7 knows sm_35..sm_87
     monkeypatch.setenv("PTXBACKEND_NVRTC_PCH", "1")
-    run = Run(compiler, BUDGET * share)
+    run = Run(compiler, BUDGET * share, target, label)
     # Batches of a few examples, each with its own seed, until the budget is spent: Hypothesis has no
     # time limit of its own, and a failing batch shrinks to a minimal tree and sequence.
     batch = 0
@@ -381,5 +390,5 @@ def test_no_sequence_of_changes_gives_a_stale_hit(compiler, share, request, monk
             raise
     run.truth.close()
     print("stale-hit fuzzer: %s, %d sequences in %.0f s, seeds %d-%d"
-          % (compiler, run.sequences, time.time() - run.started, SEED, run.seed))
+          % (label, run.sequences, time.time() - run.started, SEED, run.seed))
     assert run.sequences > 0
