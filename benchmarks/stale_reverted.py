@@ -14,8 +14,9 @@ file_watch (no watch on each header itself: an edit through a hard link elsewher
 header's own directory watched, no per-file watch: an edit through a link), rewatch (watches not made again
 after a change: a retargeted ``-I`` link), include_next (no directory after the includer recorded as one that
 must stay empty), next_scan (the include scan does not follow ``#include_next``), pch (a failed compile does
-not end the precompiled-header generation).  The empty-``mkdir`` class is a needless miss, not a stale hit:
-a differential fuzzer compares bytes and cannot see it (its test does).
+not end the precompiled-header generation), mkdir (a missing ``-I`` directory's first missing component
+recorded as what must stay absent, instead of the whole path to the file: an empty ``mkdir`` on the way is
+a needless miss, which the fuzzer checks around the steps that change nothing the compiler reads).
 """
 
 import os
@@ -54,6 +55,13 @@ def _revert(name):
     elif name == "next_scan":
         directives = reads._directives
         reads._directives = lambda text: [(kind, n) for kind, n in directives(text) if kind != reads._NEXT]
+    elif name == "mkdir":
+        first_missing = depsets._first_missing
+
+        def first_component(path):
+            parent, missing = first_missing(path)
+            return parent, missing and missing.split("/")[0]
+        depsets._first_missing = first_component
     elif name == "pch":
         def failed(ticket):
             with precompiled._lock:
@@ -61,7 +69,7 @@ def _revert(name):
         precompiled.failed = failed
     else:
         raise SystemExit("STALE_REVERT=%r: one of union, file_watch, link_dirs, rewatch, include_next, "
-                         "next_scan, pch" % name)
+                         "next_scan, mkdir, pch" % name)
 
 
 def pytest_configure(config):

@@ -12,7 +12,8 @@ keeping mtime and size, no change at all (a hit), create or delete a shadowing h
 the missing directory, edit through the hard link, a failing compile in between).  Each sequence runs
 with NVRTC 13.5's precompiled headers on or off, and either in one long-lived process or with the
 process's memory dropped before each cached compile (what a new process sees); at the end of each
-sequence a real new process asks the cache too.
+sequence a real new process asks the cache too.  Around a step that changes nothing the compiler reads
+(``mkdir`` of empty directories, no change), a hit must stay a hit: a needless miss fails too.
 
 Budget: ``PTXBACKEND_FUZZ_SECONDS`` (default 60) in all: half NVRTC 13.5, a third nvcc 13, a sixth
 NVRTC 11.7 (the ``nvidia-cuda-nvrtc-cu11`` wheel of the test extra, or ``PTXBACKEND_TEST_NVRTC117``;
@@ -68,6 +69,8 @@ op_strategy = st.one_of(
     st.tuples(st.just("create"), st.sampled_from(DIRS), st.sampled_from(KINDS), st.integers(1, 9)),
     st.tuples(st.just("delete"), st.sampled_from(DIRS)),
     st.tuples(st.just("retarget"), st.sampled_from(DIRS), st.integers(1, 3)),
+    # Twice: the needless miss an empty mkdir can cause shows only when the -I directory is missing.
+    st.tuples(st.just("mkdir"), st.integers(1, 3)),
     st.tuples(st.just("mkdir"), st.integers(1, 3)),
     st.tuples(st.just("retarget_dir"), st.sampled_from(DIRS), st.integers(1, 2)),
     # Twice: what a retarget hides shows only with a later create or edit in the new directory.
@@ -83,6 +86,11 @@ op_strategy = st.one_of(
     # Nothing changes: the next call is a hit, where a miss would have checked the files afresh.
     st.tuples(st.just("again"),),
 )
+
+
+# Ops after which the compiler reads the same files: a hit before must stay a hit (an empty directory on
+# the way to a missing -I directory is not a change).
+UNCHANGING = ("mkdir", "again")
 
 
 def _define(digit):
@@ -244,12 +252,16 @@ class Tree(object):
 
 def _answer(compiler, source, options, cache_dir, pch, target):
     """The image (or ``"error"``) ptxbackend returns from ``cache_dir``, with precompiled headers on or off."""
+    return _answer_and_hit(compiler, source, options, cache_dir, pch, target)[0]
+
+
+def _answer_and_hit(compiler, source, options, cache_dir, pch, target):
     os.environ["PTXBACKEND_NVRTC_PCH"] = "1" if pch else "0"
     try:
-        return bytes(ptxbackend.compile(source, options, target=target, compiler=compiler,
-                                        cache_dir=cache_dir).image)
+        artifact = ptxbackend.compile(source, options, target=target, compiler=compiler, cache_dir=cache_dir)
+        return bytes(artifact.image), artifact.cache_hit
     except ptxbackend.CompileError:
-        return "error"
+        return "error", False
 
 
 CHILD = r'''
@@ -328,28 +340,38 @@ class Run(object):
             cache = os.path.join(root, "cache")
             done = []
             for step, op in enumerate([("start",)] + list(ops)):
+                # An op that changes nothing the compiler reads must not turn a hit into a miss.
+                was_hit = op[0] in UNCHANGING and self.hit(SOURCE, tree.options, cache, pch, new_process_view)
                 broken = tree.apply(op) if step else False
                 done.append(op)
                 if broken:
                     _answer(self.compiler, BROKEN, tree.options, cache, pch, self.target)
                 if new_process_view:
                     depsets.forget()
-                cached = _answer(self.compiler, SOURCE, tree.options, cache, pch, self.target)
+                cached, hit = _answer_and_hit(self.compiler, SOURCE, tree.options, cache, pch, self.target)
                 truth = self.truth(self.compiler, SOURCE, tree.options, os.path.join(root, "fresh%d" % step),
                                    self.target)
                 if cached != truth:
                     self.fail("after %r" % (done,), spec, pch, new_process_view, cached, truth)
+                if was_hit and not hit:
+                    self.fail("after %r" % (done,), spec, pch, new_process_view, "(a miss)", truth,
+                              what="needless miss")
             if _new_process(self.compiler, tree.options, cache, self.target) != truth:
                 self.fail("in a new process after %r" % (done,), spec, pch, new_process_view, "", truth)
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
-    def fail(self, where, spec, pch, new_process_view, cached, truth):
+    def hit(self, source, options, cache, pch, new_process_view):
+        if new_process_view:
+            depsets.forget()
+        return _answer_and_hit(self.compiler, source, options, cache, pch, self.target)[1]
+
+    def fail(self, where, spec, pch, new_process_view, cached, truth, what="stale hit"):
         def value(image):
             return image if isinstance(image, str) else image.decode("latin-1")[-300:]
-        message = ("stale hit with %s (precompiled headers %s, %s) %s, %.1f s and %d sequences into the run; "
+        message = ("%s with %s (precompiled headers %s, %s) %s, %.1f s and %d sequences into the run; "
                    "seed %d (PTXBACKEND_FUZZ_SEED=%d replays it)\ntree %r\ncached ...%s\nfresh  ...%s"
-                   % (self.label, "on" if pch else "off",
+                   % (what, self.label, "on" if pch else "off",
                       "memory dropped before each hit" if new_process_view else "one long-lived process",
                       where, time.time() - self.started, self.sequences, self.seed, self.seed, spec, value(cached),
                       value(truth)))
