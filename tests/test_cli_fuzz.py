@@ -228,6 +228,20 @@ SAYS = {
     "cache verify --cache-dir    ": "only spaces",
 }
 
+# A flag given to an action it means nothing to is refused, not silently ignored (a "wrong success").
+FLAG_CASES = [
+    (["cache", "info", "--max-size", "1M"], "cache info does not take --max-size (it goes with prune)"),
+    (["cache", "list", "--repair"], "cache list does not take --repair"),
+    (["cache", "import", "{t}/b.tgz", "--force"], "cache import does not take --force"),
+    (["cache", "import", "{t}/b.tgz", "--no-jit"], "cache import does not take --no-jit"),
+    (["cache", "prune", "--from-fleet"], "cache prune does not take --from-fleet"),
+    (["cache", "verify", "--max-size", "0"], "cache verify does not take --max-size"),
+    (["warm", "{t}/m.jsonl", "--force"], "--force goes with --driver-jit-bundle"),
+    (["warm", "{t}/m.jsonl", "--jobs", "2"], "--jobs goes with --libs"),
+]
+CASES += [(argv, {}) for argv, _text in FLAG_CASES]
+SAYS.update((" ".join(argv), text) for argv, text in FLAG_CASES)
+
 
 def _snapshot(tmp):
     """Every file under ``tmp`` outside the cache: its kind, size, mode and content digest."""
@@ -382,6 +396,31 @@ def test_export_leaves_no_lock_file_beside_its_target(tmp_path):
     proc = _run(tmp_path, "cache", "export", str(tmp_path / "out" / "b.tgz"))
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(str(tmp_path / "out"))) == ["b.tgz"]
+
+
+def test_looking_at_a_directory_that_holds_no_cache_makes_none(tmp_path):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "notes.txt").write_text("not a cache\n")
+    proc = _run(tmp_path, "cache", "info")
+    assert proc.returncode == 0 and "no ptxbackend cache in it yet" in proc.stdout, proc.stdout
+    assert sorted(os.listdir(str(tmp_path / "cache"))) == ["notes.txt"]
+    proc = _run(tmp_path, "cache", "verify", "--cache-dir", str(tmp_path / "nonexistent" / "deeper"))
+    assert proc.returncode == 0 and "nothing to verify" in proc.stdout, proc.stdout
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_a_report_to_a_full_disk_is_one_line_and_exit_1(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run("%s -m ptxbackend doctor > /dev/full" % sys.executable, shell=True, env=env,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().splitlines() == [
+        "ptxbackend: error: cannot write the output: No space left on device (standard output)"], proc.stderr
+
+
+def test_warm_libs_names_each_library_once():
+    from ptxbackend.cli.commands import _library_names
+    assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]
 
 
 def test_cache_info_creates_no_directory(tmp_path):

@@ -89,7 +89,8 @@ def temporaries(root):
 
 # -- read-only -----------------------------------------------------------------------------------
 
-def test_read_only_cache_dir_falls_back_to_a_temporary_cache_with_one_warning(nvcc13, tmp_path, monkeypatch):
+def test_a_read_only_cache_serves_its_hits_and_compiles_the_rest_with_one_warning(nvcc13, tmp_path, monkeypatch):
+    # A line PC's image on a read-only mount: what it holds is served; what it lacks is compiled, not kept.
     cache = tmp_path / "ro-cache"
     monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(cache))
     first = ptxbackend.compile(kernel("cached before"), target="compute_75")
@@ -100,12 +101,29 @@ def test_read_only_cache_dir_falls_back_to_a_temporary_cache_with_one_warning(nv
         fresh = [ptxbackend.compile(kernel("new %d" % i), target="compute_75") for i in range(3)]
         again = ptxbackend.compile(kernel("new 0"), target="compute_75")
     warnings = log.warnings()
-    assert len(warnings) == 1 and "not writable" in warnings[0] and "temporary cache" in warnings[0]
-    assert not hit.cache_hit and hit.image == first.image  # the private store starts empty
+    assert len(warnings) == 1 and "read-only" in warnings[0] and str(cache) in warnings[0]
+    assert hit.cache_hit and hit.image == first.image and hit.path.startswith(str(cache))
     assert all(a.kind == "ptx" and not a.cache_hit for a in fresh)
-    assert again.cache_hit and not again.path.startswith(str(cache))  # the temporary cache works
+    assert not again.cache_hit and again.image == fresh[0].image  # compiled again: nothing could be kept
     assert cache_files(cache) == before
-    figures("read-only cache dir at start", method=how, compiles=5, warnings=len(warnings), exceptions=0)
+    figures("read-only cache dir at start", method=how, compiles=4, hits=1, warnings=len(warnings), exceptions=0)
+
+
+def test_cache_info_and_verify_read_a_read_only_cache(nvcc13, tmp_path, monkeypatch, capsys):
+    from ptxbackend.cli.commands import main
+    cache = tmp_path / "ro-cache"
+    monkeypatch.setenv("PTXBACKEND_CACHE_DIR", str(cache))
+    ptxbackend.compile(kernel("cached before"), target="compute_75")
+    engine._reset_for_tests()
+    before = cache_files(cache)
+    capsys.readouterr()
+    with read_only(cache):
+        assert main(["cache", "info"]) == 0
+        info = capsys.readouterr().out
+        assert main(["cache", "verify"]) == 0
+        verify = capsys.readouterr().out
+    assert "entries:   1" in info and "1 entry verified, 0 bad" in verify
+    assert cache_files(cache) == before
 
 
 def test_temporary_cache_is_removed_when_the_process_exits(nvcc13, tmp_path):

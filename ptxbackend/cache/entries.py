@@ -156,8 +156,12 @@ class EntryCache(object):
         """Warn once that the local cache cannot be written; the caller carries on without it."""
         if not self._unwritable_reported:
             self._unwritable_reported = True
-            log.warning("ptxbackend: cannot write to the cache at %s: %s; kernels will be compiled "
-                        "again next time.", self.root, exc)
+            if getattr(self.local, "read_only", False):
+                log.warning("ptxbackend: the cache at %s is read-only here: its kernels are served, and a "
+                            "kernel it lacks is compiled in each process, not kept.", self.root)
+            else:
+                log.warning("ptxbackend: cannot write to the cache at %s: %s; kernels will be compiled "
+                            "again next time.", self.root, exc)
 
     @contextlib.contextmanager
     def lock(self, name):

@@ -113,7 +113,10 @@ class DirectoryStore(Store):
                              "to a writable directory." % (self.base, exc))
         _check_private_dir(self.base)
         _check_private_dir(self.root)
-        if not os.access(self.base, os.W_OK | os.X_OK):
+        # A cache made elsewhere and mounted read-only (a line PC's image) serves its hits; what is
+        # compiled here is not kept (each write fails, which the callers report once).
+        self.read_only = not os.access(self.base, os.W_OK | os.X_OK)
+        if self.read_only and not (os.access(self.base, os.R_OK | os.X_OK) and os.path.isdir(self.meta_dir)):
             raise CacheError("cache directory %s is not writable. Set PTXBACKEND_CACHE_DIR to a "
                              "writable directory." % self.base)
 

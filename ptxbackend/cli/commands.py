@@ -55,6 +55,21 @@ def _cmd_compile(args):
     return 0
 
 
+#: Each ``cache`` flag and the actions it means something to: anywhere else it is refused, not ignored.
+_CACHE_FLAGS = (("no_jit", "--no-jit", ("export",)), ("force", "--force", ("export",)),
+                ("from_fleet", "--from-fleet", ("import",)), ("repair", "--repair", ("verify",)),
+                ("max_size", "--max-size", ("prune",)))
+
+
+def _flags_refused(command, given, table):
+    """One error line for the first flag of ``table`` given (``getattr(given, dest)``) to a ``command``
+    it means nothing to; ``None`` when all fit."""
+    for dest, flag, actions in table:
+        if getattr(given, dest, None) not in (None, False) and command not in actions:
+            return "%s does not take %s (it goes with %s)" % (command, flag, " or ".join(actions))
+    return None
+
+
 def _cmd_cache(args):
     from ..config import load_settings
     from ..compiling.engine import open_store
@@ -64,11 +79,18 @@ def _cmd_cache(args):
     if args.file is not None and args.action not in ("export", "import"):
         print("ptxbackend: error: cache %s takes no FILE (got %r)" % (args.action, args.file), file=sys.stderr)
         return 2
-    if args.action in ("info", "list") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
+    refused = _flags_refused(args.action, args, _CACHE_FLAGS)
+    if refused:
+        print("ptxbackend: error: cache %s" % refused, file=sys.stderr)
+        return 2
+    if args.action in ("info", "list", "verify") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
         # Looking must not create: an empty report, and the directory is made by the first compile.
+        where = os.path.abspath(os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir))
         if args.action == "info":
-            print("cache dir: %s (not created yet: nothing compiled)\nentries:   0" % os.path.abspath(
-                os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir)))
+            print("cache dir: %s (%s)\nentries:   0" % (where, "no ptxbackend cache in it yet: nothing compiled"
+                                                          if os.path.isdir(where) else "not created yet: nothing compiled"))
+        elif args.action == "verify":
+            print("no cache at %s: nothing to verify" % where)
         return 0
     store = open_store(load_settings(cache_dir=args.cache_dir))
     if args.action == "info":
@@ -186,8 +208,15 @@ def _check_bundle_file(path):
 
 
 def _cache_exists(settings):
-    # Anything at the root (an old layout, a file by mistake) goes through the store, which reports it.
-    return os.path.lexists(os.path.expanduser(settings.cache_dir))
+    # A ptxbackend cache (its layout, an old one) or something that is no directory (the store names
+    # it); a plain directory of other things is no cache, and looking at it must not make one.
+    root = os.path.expanduser(settings.cache_dir)
+    if not os.path.lexists(root):
+        return False
+    if not os.path.isdir(root) or os.path.islink(root):
+        return True
+    from ..cache.layout import LAYOUT, OLD_SCHEMAS
+    return any(os.path.lexists(os.path.join(root, name)) for name in [LAYOUT] + ["v%d" % n for n in OLD_SCHEMAS])
 
 
 def _fleet_store(settings, what):
@@ -235,6 +264,16 @@ def _print_remote(settings):
     print("counters:  %s (this process)" % describe(cache_counters()))
 
 
+def _library_names(text):
+    """The libraries of ``--libs``, in order, each once (a name given twice is warmed once)."""
+    names, seen = [], set()
+    for name in (n.strip() for n in (text or "").split(",")):
+        if name and name not in seen:
+            seen.add(name)
+            names.append(name)
+    return names
+
+
 def _cmd_warm(args):
     if not args.manifest and not args.libs and not args.from_fleet:
         print("ptxbackend: error: warm needs a MANIFEST (recorded with PTXBACKEND_RECORD=FILE), --libs "
@@ -242,7 +281,12 @@ def _cmd_warm(args):
         return 2
     from ..config import load_settings
     from ..compiling.engine import open_store
-    names = [n.strip() for n in (args.libs or "").split(",") if n.strip()]
+    refused = ("--force goes with --driver-jit-bundle" if args.force and not args.driver_jit_bundle else
+               "--jobs goes with --libs" if args.jobs is not None and not args.libs else None)
+    if refused:
+        print("ptxbackend: error: warm: %s" % refused, file=sys.stderr)
+        return 2
+    names = _library_names(args.libs)
     if args.libs is not None and not names:
         print("ptxbackend: error: --libs %r names no library: write e.g. --libs cudnn,cublas" % args.libs,
               file=sys.stderr)
@@ -488,11 +532,22 @@ def main(argv=None):
         parser.print_help()
         return 2
     from . import signals
+    stdout, sys.stdout = sys.stdout, _Output(sys.stdout)
     try:
         with signals.stopping_like_ctrl_c():
             status = args.func(args)
             sys.stdout.flush()  # inside the try: a closed pipe is found here, not at interpreter exit
         return status
+    except _OutputFailed as exc:
+        failed = exc.args[0]
+        print("ptxbackend: error: cannot write the output: %s (standard output)" % (
+            os.strerror(failed.errno) if failed.errno else failed), file=sys.stderr)
+        try:  # what is still buffered would fail again at the interpreter's exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
     except signals.Terminated as exc:
         # SIGTERM/SIGHUP: unwound like Ctrl-C (the compiler's group ended, temporary files removed).
         print("\nptxbackend: %s" % exc, file=sys.stderr)
@@ -515,6 +570,38 @@ def main(argv=None):
     except (IOError, OSError) as exc:
         print("ptxbackend: error: %s" % exc, file=sys.stderr)
         return 1
+    finally:
+        sys.stdout = stdout
+
+
+class _OutputFailed(Exception):
+    """A write to standard output failed (``doctor > /dev/full``): the report could not be given."""
+
+
+class _Output(object):
+    """Standard output, whose write errors are told apart from every other ``OSError``."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except (IOError, OSError) as exc:
+            raise _OutputFailed(exc)
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except (IOError, OSError) as exc:
+            raise _OutputFailed(exc)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":
