@@ -8,7 +8,8 @@ an ``#include "../common/b.cuh"`` leaving the tree, a symbolic link to a file el
 whose quoted ``b.cuh`` differ; a
 ``__has_include`` of ``extra.cuh``; a forced ``-include``; hard links to ``common/b.cuh`` and to the forced
 include in a directory nobody searches; an options file for nvcc) and a sequence of operations (edit in place, atomic rename
-keeping mtime and size, no change at all (a hit), create or delete a shadowing header, retarget a link to a file or a directory or the ``-I`` link, ``mkdir`` on the way to
+keeping mtime and size, no change at all (a hit), create or delete a shadowing header, retarget a link to a file or a directory or the ``-I`` link (alone, or after emptying it and before a
+header is created where it now leads), ``mkdir`` on the way to
 the missing directory, edit through either hard link, a failing compile in between).  Each sequence runs
 with NVRTC 13.5's precompiled headers on or off, and either in one long-lived process or with the
 process's memory dropped before each cached compile (what a new process sees); at the end of each
@@ -75,7 +76,11 @@ op_strategy = st.one_of(
     st.tuples(st.just("retarget_dir"), st.sampled_from(DIRS), st.integers(1, 2)),
     # Twice: what a retarget hides shows only with a later create or edit in the new directory.
     st.tuples(st.just("retarget_include"), st.integers(1, 2)),
-    st.tuples(st.just("retarget_include"), st.integers(1, 2)),
+    # The -I link's header deleted, the link retargeted (to an empty directory: a hit), then a header
+    # created where it now leads (three steps, each asked first): what a watch left on the old
+    # directory misses.
+    st.tuples(st.just("retarget_then_create"), st.sampled_from(KINDS), st.integers(1, 9)),
+    st.tuples(st.just("retarget_then_create"), st.sampled_from(KINDS), st.integers(1, 9)),
     st.tuples(st.just("edit_common"), st.integers(1, 9)),
     st.tuples(st.just("atomic_common"), st.integers(1, 9)),
     st.tuples(st.just("edit_hard_link"), st.integers(1, 9)),
@@ -94,11 +99,22 @@ op_strategy = st.one_of(
 UNCHANGING = ("mkdir", "again")
 # Ops the process asks once more before: a hit puts a set under watch, and an edit through a link or a hard
 # link elsewhere is what that watch must see.
-ASK_FIRST = UNCHANGING + ("edit_hard_link", "edit_forced_hard_link", "edit_real")
+ASK_FIRST = UNCHANGING + ("edit_hard_link", "edit_forced_hard_link", "edit_real", "create_linked", "retarget_include")
 
 
 def _define(digit):
     return "#define VAL %d.0f\n" % digit  # one digit: every edit keeps the size
+
+
+def _steps(ops):
+    """``ops`` with each compound op made the steps it stands for."""
+    steps = []
+    for op in ops:
+        if op[0] == "retarget_then_create":
+            steps += [("delete_linked",), ("retarget_include", "toggle"), ("create_linked",) + tuple(op[1:])]
+        else:
+            steps.append(op)
+    return steps
 
 
 class Tree(object):
@@ -197,6 +213,8 @@ class Tree(object):
                    os.path.join(self.dir(directory), "lib"))
 
     def link_include(self, which):
+        if which == "toggle":
+            which = 1 if os.readlink(self.dir(self.linked)).endswith("-2") else 2
         temporary = self.dir(self.linked) + ".new"
         os.symlink("%s-%d" % (self.linked, which), temporary)
         os.rename(temporary, self.dir(self.linked))
@@ -228,6 +246,12 @@ class Tree(object):
             if os.path.lexists(path):
                 os.unlink(path)
                 self.link_dir(args[0], args[1])
+        elif name == "delete_linked":
+            if self.linked and os.path.lexists(os.path.join(self.dir(self.linked), "val.cuh")):
+                os.unlink(os.path.join(self.dir(self.linked), "val.cuh"))
+        elif name == "create_linked":
+            if self.linked and not os.path.lexists(os.path.join(self.dir(self.linked), "val.cuh")):
+                self.create(self.linked, args[0], args[1])
         elif name == "retarget_include":
             if self.linked:
                 self.link_include(args[0])
@@ -348,7 +372,7 @@ class Run(object):
             tree = Tree(os.path.join(root, "t"), spec, self.compiler)
             cache = os.path.join(root, "cache")
             done = []
-            for step, op in enumerate([("start",)] + list(ops)):
+            for step, op in enumerate([("start",)] + _steps(ops)):
                 # An op that changes nothing the compiler reads must not turn a hit into a miss.
                 was_hit = op[0] in ASK_FIRST and self.hit(SOURCE, tree.options, cache, pch, new_process_view)
                 broken = tree.apply(op) if step else False
