@@ -66,7 +66,8 @@ tree_strategy = st.fixed_dictionaries({
     "digits": st.tuples(*[st.integers(1, 9)] * 3),
     "extra": st.sampled_from((None,) + DIRS),
     "missing": st.sampled_from((None,) + DIRS),  # this -I directory is made only by a "mkdir" below
-    "linked": st.sampled_from((None,) + DIRS),  # this -I directory is a link to one of two directories
+    # This -I directory is a link to one of two directories; the first is the one nothing shadows.
+    "linked": st.sampled_from((None, "I0") + DIRS),
 })
 
 op_strategy = st.one_of(
@@ -84,8 +85,8 @@ op_strategy = st.one_of(
     # The -I link's header deleted, the link retargeted (to an empty directory: a hit), then a header
     # created where it now leads (three steps, each asked first): what a watch left on the old
     # directory misses.
-    st.tuples(st.just("retarget_then_create"), st.sampled_from(KINDS), st.integers(1, 9)),
-    st.tuples(st.just("retarget_then_create"), st.sampled_from(KINDS), st.integers(1, 9)),
+    st.tuples(st.just("retarget_then_create"), st.sampled_from(("define", "define") + KINDS), st.integers(1, 9)),
+    st.tuples(st.just("retarget_then_create"), st.sampled_from(("define", "define") + KINDS), st.integers(1, 9)),
     st.tuples(st.just("edit_common"), st.integers(1, 9)),
     st.tuples(st.just("atomic_common"), st.integers(1, 9)),
     st.tuples(st.just("edit_hard_link"), st.integers(1, 9)),
