@@ -10,7 +10,7 @@ whose quoted ``b.cuh`` differ; a
 include in a directory nobody searches; an options file for nvcc) and a sequence of operations (edit in place, atomic rename
 keeping mtime and size, no change at all (a hit), create or delete a shadowing header, retarget a link to a file or a directory or the ``-I`` link (alone, or after emptying it and before a
 header is created where it now leads), ``mkdir`` on the way to
-the missing directory, edit through either hard link, a failing compile in between).  Each sequence runs
+the missing directory, edit through either hard link, a failing compile in between, or a change, a failing compile, a change, then the fixed kernel).  Each sequence runs
 with NVRTC 13.5's precompiled headers on or off, and either in one long-lived process or with the
 process's memory dropped before each cached compile (what a new process sees); at the end of each
 sequence a real new process asks the cache too.  Around a step that changes nothing the compiler reads
@@ -70,6 +70,12 @@ tree_strategy = st.fixed_dictionaries({
     "linked": st.sampled_from((None, "I0") + DIRS),
 })
 
+_EDIT = st.one_of(
+    st.tuples(st.just("edit"), st.sampled_from(DIRS), st.integers(1, 9)),
+    st.tuples(st.just("edit_common"), st.integers(1, 9)),
+    st.tuples(st.just("edit_real"), st.just(0), st.integers(1, 9)),
+    st.tuples(st.just("forced"), st.integers(1, 9)))
+
 op_strategy = st.one_of(
     st.tuples(st.just("edit"), st.sampled_from(DIRS), st.integers(1, 9)),
     st.tuples(st.just("atomic"), st.sampled_from(DIRS), st.integers(1, 9)),
@@ -92,9 +98,13 @@ op_strategy = st.one_of(
     st.tuples(st.just("edit_hard_link"), st.integers(1, 9)),
     st.tuples(st.just("edit_forced_hard_link"), st.integers(1, 9)),
     st.tuples(st.just("edit_real"), st.integers(0, 3), st.integers(1, 9)),  # 0: all three
+    st.tuples(st.just("edit_real"), st.just(0), st.integers(1, 9)),
     st.tuples(st.just("extra"), st.sampled_from((None,) + DIRS), st.integers(1, 9)),
     st.tuples(st.just("forced"), st.integers(1, 9)),
     st.tuples(st.just("fail"),),
+    # A change (the next compile starts a new precompiled-header generation), a failing compile (the
+    # first of it: its header may be the one NVRTC keeps), another change, then the fixed kernel.
+    st.tuples(st.just("fail_then"), _EDIT, _EDIT),
     # Nothing changes: the next call is a hit, where a miss would have checked the files afresh.
     st.tuples(st.just("again"),),
 )
@@ -382,6 +392,10 @@ class Run(object):
             for step, op in enumerate([("start",)] + _steps(ops)):
                 # An op that changes nothing the compiler reads must not turn a hit into a miss.
                 was_hit = op[0] in ASK_FIRST and self.hit(SOURCE, tree.options, cache, pch, new_process_view)
+                if op[0] == "fail_then":
+                    tree.apply(op[1])
+                    _answer(self.compiler, BROKEN, tree.options, cache, pch, self.target)
+                    tree.apply(op[2])
                 broken = tree.apply(op) if step else False
                 done.append(op)
                 if broken:
