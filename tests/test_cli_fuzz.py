@@ -418,6 +418,15 @@ def test_a_report_to_a_full_disk_is_one_line_and_exit_1(tmp_path):
         "ptxbackend: error: cannot write the output: No space left on device (standard output)"], proc.stderr
 
 
+def test_doctor_opens_with_its_verdict(tmp_path):
+    proc = _run(tmp_path, "doctor", env={"PTXBACKEND_NVRTC": str(tmp_path / "nope.so")})
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("verdict: 1 problem") and "nope.so" in first, proc.stdout
+    from ptxbackend.cli import doctor
+    assert doctor.verdict({"problems": [], "warnings": []}) == "verdict: OK"
+    assert doctor.verdict({"problems": [], "warnings": ["w1", "w2"]}) == "verdict: 2 warnings; first: w1"
+
+
 def test_warm_libs_names_each_library_once():
     from ptxbackend.cli.commands import _library_names
     assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]

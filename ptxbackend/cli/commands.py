@@ -20,6 +20,7 @@ def _cmd_doctor(args):
     from . import doctor
     report = doctor.collect()
     if args.json:
+        report["verdict"] = doctor.verdict(report)
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
         print(doctor.render(report))
