@@ -427,6 +427,22 @@ def test_doctor_opens_with_its_verdict(tmp_path):
     assert doctor.verdict({"problems": [], "warnings": ["w1", "w2"]}) == "verdict: 2 warnings; first: w1"
 
 
+def test_a_huge_compiler_log_is_cut_and_kept_whole_in_a_private_file(tmp_path, nvcc13):
+    (tmp_path / "bad.cu").write_text("".join("@ garbage %d $ `x` ;\n" % i for i in range(100000)))
+    proc = _run(tmp_path, "compile", str(tmp_path / "bad.cu"), "--device-cc", "7.5")
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert len(lines) <= 70 and any("lines left out" in line for line in lines), len(lines)
+    saved = lines[-1].rsplit(": ", 1)[1]
+    try:
+        assert lines[-1].startswith("ptxbackend: the whole compiler log (")
+        assert stat.S_IMODE(os.stat(saved).st_mode) == 0o600
+        with open(saved) as handle:
+            assert len(handle.read().splitlines()) > 100
+    finally:
+        os.unlink(saved)
+
+
 def test_warm_libs_names_each_library_once():
     from ptxbackend.cli.commands import _library_names
     assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]

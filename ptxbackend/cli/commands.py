@@ -567,12 +567,28 @@ def main(argv=None):
         return 130
     except PtxBackendError as exc:
         print("ptxbackend: error: %s" % exc, file=sys.stderr)
+        _save_whole_log(exc)
         return 1
     except (IOError, OSError) as exc:
         print("ptxbackend: error: %s" % exc, file=sys.stderr)
         return 1
     finally:
         sys.stdout = stdout
+
+
+def _save_whole_log(exc):
+    """A compiler log cut in the message (errors.LOG_HEAD): the whole of it in a private file, named."""
+    log = getattr(exc, "log", "") or ""
+    from ..errors import LOG_HEAD, LOG_TAIL
+    if len(log.splitlines()) <= LOG_HEAD + LOG_TAIL + 1:
+        return
+    try:
+        handle, path = tempfile.mkstemp(prefix="ptxbackend-compiler-log-", suffix=".txt")  # mode 0600
+        with os.fdopen(handle, "w") as out:
+            out.write(log)
+        print("ptxbackend: the whole compiler log (%d lines): %s" % (len(log.splitlines()), path), file=sys.stderr)
+    except (OSError, IOError):
+        pass
 
 
 class _OutputFailed(Exception):
