@@ -540,3 +540,5 @@ def test_a_fleet_store_that_does_not_answer_is_named_once_and_failed_once(tmp_pa
     assert "does not answer" in text or "cache push to the fleet store" in text, text
     assert "fleet store fleet store" not in text and "the fleet store fleet" not in text, text
     assert "failed: failed" not in text and "(failed: " not in text, text
+    if argv[:2] == ["cache", "push"]:  # the command's own error only, not the library's warning too
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

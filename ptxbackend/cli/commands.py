@@ -136,6 +136,7 @@ def _cmd_cache(args):
         if not cache.remote.writable:
             raise PtxBackendError("cache push: the %s is read-only here "
                                   "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)
+        cache.remote.report_failures = False  # a failure is this command's error, said once below
         files, size = cache.push()
         state = cache.remote.stats().get("state", "ok")
         if state != "ok":
