@@ -540,5 +540,18 @@ def test_a_fleet_store_that_does_not_answer_is_named_once_and_failed_once(tmp_pa
     assert "does not answer" in text or "cache push to the fleet store" in text, text
     assert "fleet store fleet store" not in text and "the fleet store fleet" not in text, text
     assert "failed: failed" not in text and "(failed: " not in text, text
-    if argv[:2] == ["cache", "push"]:  # the command's own error only, not the library's warning too
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_cache_push_of_entries_to_a_store_that_does_not_answer_is_one_line(tmp_path, nvcc13):
+    key = tmp_path / "fleet.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(str(key), 0o600)
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n')
+    assert _run(tmp_path, "compile", str(tmp_path / "k.cu"), "--device-cc", "7.5").returncode == 0
+    proc = _run(tmp_path, "cache", "push", env={"PTXBACKEND_REMOTE": "redis://127.0.0.1:1/0",
+                                               "PTXBACKEND_REMOTE_KEY_FILE": str(key)})
+    # the command's own error only, not the library's fail-open warning as well
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        line for line in proc.stderr.strip().splitlines() if line.startswith("ptxbackend: error: cache push")], \
+        proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
