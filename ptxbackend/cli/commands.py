@@ -59,7 +59,8 @@ def _cmd_compile(args):
 #: Each ``cache`` flag and the actions it means something to: anywhere else it is refused, not ignored.
 _CACHE_FLAGS = (("no_jit", "--no-jit", ("export",)), ("force", "--force", ("export",)),
                 ("from_fleet", "--from-fleet", ("import",)), ("repair", "--repair", ("verify",)),
-                ("max_size", "--max-size", ("prune",)))
+                ("max_size", "--max-size", ("prune",)), ("zero", "--zero", ("stats",)),
+                ("json", "--json", ("stats",)))
 
 
 def _flags_refused(command, given, table):
@@ -84,7 +85,7 @@ def _cmd_cache(args):
     if refused:
         print("ptxbackend: error: cache %s" % refused, file=sys.stderr)
         return 2
-    if args.action in ("info", "list", "verify") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
+    if args.action in ("info", "list", "verify", "stats") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
         # Looking must not create: an empty report, and the directory is made by the first compile.
         where = os.path.abspath(os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir))
         if args.action == "info":
@@ -92,6 +93,8 @@ def _cmd_cache(args):
                                                           if os.path.isdir(where) else "not created yet: nothing compiled"))
         elif args.action == "verify":
             print("no cache at %s: nothing to verify" % where)
+        elif args.action == "stats":
+            _print_statistics(where, None, args.json)
         return 0
     store = open_store(load_settings(cache_dir=args.cache_dir))
     if args.action == "info":
@@ -108,6 +111,12 @@ def _cmd_cache(args):
             print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
                   "removes them)" % ", ".join(old))
         _print_unknown(store, unknown)
+    elif args.action == "stats":
+        from ..cache import statistics
+        statistics.save_all()  # what this process counted (none, for this command) is in
+        if args.zero:
+            statistics.zero(store)
+        _print_statistics(store.root, statistics.read(store), args.json)
     elif args.action == "list":
         for path, size, mtime in sorted(store.entries()):
             print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
@@ -188,6 +197,35 @@ def _cmd_cache(args):
             print("imported %s into %s: %s added, %d already present (all checksums verified)"
                   % (args.file, store.root, _count(added, "entry", "entries"), present))
     return 0
+
+
+def _print_statistics(root, found, as_json):
+    """``cache stats``: the counts kept across runs (``found``: statistics.read; ``None``: no cache)."""
+    from ..cache import statistics
+    if found is None:
+        found = dict((name, 0) for name in statistics.FIELDS)
+        found.update(compile_seconds=0.0, since=None, saved=None)
+    lookups = found["local_hits"] + found["fleet_hits"] + found["misses"]
+    # Time saved: each hit at the mean compile time this cache has seen (an estimate: kernels differ).
+    mean = found["compile_seconds"] / found["compiles"] if found["compiles"] else None
+    saved = (found["local_hits"] + found["fleet_hits"]) * mean if mean is not None else None
+    if as_json:
+        out = dict(found, cache_dir=root, hit_rate=(lookups - found["misses"]) / float(lookups) if lookups else None,
+                   time_saved_seconds=saved)
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return
+
+    def when(seconds):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "-"
+    print("statistics of %s, since %s (last saved %s)" % (root, when(found["since"]), when(found["saved"])))
+    print("  local hits      %d" % found["local_hits"])
+    print("  fleet hits      %d" % found["fleet_hits"])
+    print("  misses          %d" % found["misses"])
+    print("  hit rate        %s" % ("%.1f%%" % (100.0 * (lookups - found["misses"]) / lookups) if lookups else "-"))
+    print("  compiles        %d (%.2f s)" % (found["compiles"], found["compile_seconds"]))
+    print("  compile errors  %d" % found["compile_errors"])
+    print("  time saved      %s" % ("about %.1f s (each hit at the mean compile time here, %.3f s)" % (saved, mean)
+                                    if saved is not None else "- (no compile seen yet to estimate it from)"))
 
 
 def _print_unknown(store, unknown=None):
@@ -464,8 +502,10 @@ def build_parser():
     comp.set_defaults(func=_cmd_compile)
 
     cache = sub.add_parser("cache", help="inspect or maintain the cache")
-    cache.add_argument("action", choices=("info", "list", "verify", "prune", "clear", "export", "import", "push"),
-                       help="push: upload the local entries to the fleet store (PTXBACKEND_REMOTE)")
+    cache.add_argument("action", choices=("info", "list", "stats", "verify", "prune", "clear", "export", "import",
+                                          "push"),
+                       help="stats: hits, misses and compiles kept across runs; push: upload the local entries "
+                            "to the fleet store (PTXBACKEND_REMOTE)")
     cache.add_argument("file", nargs="?", help="export/import: the bundle (a tar file)")
     cache.add_argument("--no-jit", action="store_true",
                        help="export: leave out the per-GPU JIT cubins (keep only compiler output)")
@@ -474,6 +514,8 @@ def build_parser():
                        help="import: this machine's driver JIT set (driver build, GPU model) from the fleet store")
     cache.add_argument("--cache-dir", type=_cache_dir_argument, help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
+    cache.add_argument("--zero", action="store_true", help="stats: start the statistics again from now")
+    cache.add_argument("--json", action="store_true", help="stats: machine-readable output")
     cache.add_argument("--max-size", help="prune: size limit, e.g. 500M; 0 is no limit (default "
                        "PTXBACKEND_CACHE_MAX_SIZE)")
     cache.set_defaults(func=_cmd_cache)
