@@ -443,6 +443,13 @@ def test_a_huge_compiler_log_is_cut_and_kept_whole_in_a_private_file(tmp_path, n
         os.unlink(saved)
 
 
+def test_demo_shows_the_ptx_route_when_the_toolkit_builds_native_code(tmp_path, nvcc13):
+    proc = _run(tmp_path, "demo", "--device-cc", "7.5", "--compiler", "nvcc")
+    assert proc.returncode == 0, proc.stderr
+    assert "image:    cubin" in proc.stdout and "The PTX route" in proc.stdout, proc.stdout
+    assert "image:    ptx" in proc.stdout and "the driver JIT-compiles compute_75 at load" in proc.stdout
+
+
 def test_warm_libs_names_each_library_once():
     from ptxbackend.cli.commands import _library_names
     assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]
