@@ -450,6 +450,29 @@ def test_demo_shows_the_ptx_route_when_the_toolkit_builds_native_code(tmp_path, 
     assert "image:    ptx" in proc.stdout and "the driver JIT-compiles compute_75 at load" in proc.stdout
 
 
+def test_bash_completion_is_made_from_the_parser_and_completes(tmp_path):
+    proc = _run(tmp_path, "completion", "bash")
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "ptxbackend.bash"
+    script.write_text(proc.stdout)
+
+    def complete(*words):
+        line = "source %s; COMP_WORDS=(ptxbackend %s); COMP_CWORD=%d; _ptxbackend; echo \"${COMPREPLY[*]}\"" % (
+            script, " ".join("'%s'" % w for w in words), len(words))
+        return subprocess.run(["bash", "-c", line], stdout=subprocess.PIPE, universal_newlines=True,
+                              check=True).stdout.split()
+    assert complete("ca") == ["cache"]
+    assert complete("cache", "st") == ["stats"]
+    assert complete("cache", "stats", "--ze") == ["--zero"]
+    assert complete("completion", "") == ["bash", "zsh", "--help"]
+    from ptxbackend.cli.commands import build_parser
+    cache_flags = [o for a in build_parser()._subparsers._group_actions[0].choices["cache"]._actions
+                   for o in a.option_strings if o.startswith("--")]
+    assert sorted(complete("cache", "--")) == sorted(cache_flags)
+    zsh = _run(tmp_path, "completion", "zsh")
+    assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef ptxbackend") and "bashcompinit" in zsh.stdout
+
+
 def test_warm_libs_names_each_library_once():
     from ptxbackend.cli.commands import _library_names
     assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]

@@ -454,6 +454,12 @@ def _print_parallel(result):
               "serially; --jobs 1 is the serial warm-up alone.")
 
 
+def _cmd_completion(args, parser):
+    from . import completion
+    print(getattr(completion, args.shell)(parser))
+    return 0
+
+
 def _cmd_demo(args):
     from . import demo
     return demo.run(device_cc=args.device_cc, compiler=args.compiler, target=args.target)
@@ -535,6 +541,11 @@ def build_parser():
                       help="--libs: JIT the libraries' fatbin images in N processes (default: the CPU count); "
                            "1: the library's own start does the whole JIT, serially")
     warm.set_defaults(func=_cmd_warm)
+
+    completion = sub.add_parser("completion", help="print a shell completion script: "
+                                "eval \"$(ptxbackend completion bash)\"")
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.set_defaults(func=lambda args: _cmd_completion(args, parser))
 
     demo = sub.add_parser("demo", help="compile the example kernel; on a GPU, run it and check the result")
     add_build_options(demo)
