@@ -473,6 +473,29 @@ def test_bash_completion_is_made_from_the_parser_and_completes(tmp_path):
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef ptxbackend") and "bashcompinit" in zsh.stdout
 
 
+def test_json_output_of_compile_and_the_cache_actions(tmp_path, nvcc13):
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n')
+
+    def run_json(*argv, **kwargs):
+        proc = _run(tmp_path, *argv, **kwargs)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    compiled = run_json("compile", str(tmp_path / "k.cu"), "--device-cc", "7.5", "--json")
+    assert compiled["kind"] == "cubin" and compiled["cache_hit"] is False and compiled["bytes"] > 0
+    assert run_json("compile", str(tmp_path / "k.cu"), "--device-cc", "7.5", "--json")["cache_hit"] is True
+    info = run_json("cache", "info", "--json")
+    assert info["entries"] >= 1 and info["exists"] and info["producers"] == ["nvcc-13.0.88"]
+    listed = run_json("cache", "list", "--json")
+    assert any(e["path"].endswith(".cubin") for e in listed["entries"])
+    assert run_json("cache", "verify", "--json")["bad"] == []
+    exported = run_json("cache", "export", str(tmp_path / "b.tgz"), "--json")
+    assert exported["exported"] >= 1 and exported["bytes"] == os.path.getsize(str(tmp_path / "b.tgz"))
+    imported = run_json("cache", "import", str(tmp_path / "b.tgz"), "--json",
+                        env={"PTXBACKEND_CACHE_DIR": str(tmp_path / "other")})
+    assert imported["added"] == exported["exported"] and imported["present"] == 0
+    assert run_json("cache", "info", "--json", env={"PTXBACKEND_CACHE_DIR": str(tmp_path / "none")})["exists"] is False
+
+
 def test_warm_libs_names_each_library_once():
     from ptxbackend.cli.commands import _library_names
     assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]

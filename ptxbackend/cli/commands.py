@@ -46,12 +46,19 @@ def _cmd_compile(args):
                               source_dir=os.getcwd() if from_stdin else
                               os.path.dirname(os.path.abspath(args.file)))
     elapsed = time.time() - started
+    if output:
+        user.write_output(output, artifact.image, "output file")
+    if args.json:
+        _print_json({"target": str(artifact.target), "reason": artifact.reason, "kind": artifact.kind,
+                     "bytes": len(artifact.image), "producer": artifact.producer, "cache_path": artifact.path,
+                     "cache_hit": bool(artifact.cache_hit), "seconds": elapsed, "key": artifact.key,
+                     "output": args.output})
+        return 0
     print("target:   %s (%s)" % (artifact.target, artifact.reason))
     print("kind:     %s, %d bytes, by %s" % (artifact.kind, len(artifact.image), artifact.producer))
     print("cache:    %s" % artifact.path)
     print("result:   %s in %.3f s" % ("hit" if artifact.cache_hit else "miss (compiled)", elapsed))
     if output:
-        user.write_output(output, artifact.image, "output file")
         print("written:  %s" % args.output)
     return 0
 
@@ -60,7 +67,7 @@ def _cmd_compile(args):
 _CACHE_FLAGS = (("no_jit", "--no-jit", ("export",)), ("force", "--force", ("export",)),
                 ("from_fleet", "--from-fleet", ("import",)), ("repair", "--repair", ("verify",)),
                 ("max_size", "--max-size", ("prune",)), ("zero", "--zero", ("stats",)),
-                ("json", "--json", ("stats",)))
+                ("json", "--json", ("info", "list", "stats", "verify", "export", "import")))
 
 
 def _flags_refused(command, given, table):
@@ -88,7 +95,10 @@ def _cmd_cache(args):
     if args.action in ("info", "list", "verify", "stats") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
         # Looking must not create: an empty report, and the directory is made by the first compile.
         where = os.path.abspath(os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir))
-        if args.action == "info":
+        if args.json and args.action != "stats":
+            _print_json({"cache_dir": where, "exists": False, "entries": [] if args.action == "list" else 0,
+                         "bad": [] if args.action == "verify" else None})
+        elif args.action == "info":
             print("cache dir: %s (%s)\nentries:   0" % (where, "no ptxbackend cache in it yet: nothing compiled"
                                                           if os.path.isdir(where) else "not created yet: nothing compiled"))
         elif args.action == "verify":
@@ -100,6 +110,13 @@ def _cmd_cache(args):
     if args.action == "info":
         entries = list(store.entries())
         total = sum(size for _p, size, _m in entries)
+        if args.json:
+            old, unknown = store.root_items()
+            _print_json({"cache_dir": store.root, "exists": True, "entries": len(entries), "bytes": total,
+                         "max_size": store.max_size or None, "read_only": bool(getattr(store, "read_only", False)),
+                         "producers": [p for p, _r in EntryCache(store).producer_records()],
+                         "old_layouts": list(old), "unknown": list(unknown or [])})
+            return 0
         print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (%s)" % (
             store.root, len(entries), total / 1048576.0,
             "limit %.0f MiB" % (store.max_size / 1048576.0) if store.max_size else "no limit"))
@@ -117,12 +134,20 @@ def _cmd_cache(args):
         if args.zero:
             statistics.zero(store)
         _print_statistics(store.root, statistics.read(store), args.json)
+    elif args.action == "list" and args.json:
+        _print_json({"cache_dir": store.root, "exists": True, "entries": [
+            {"path": os.path.relpath(path, store.root), "bytes": size, "mtime": mtime}
+            for path, size, mtime in sorted(store.entries())]})
     elif args.action == "list":
         for path, size, mtime in sorted(store.entries()):
             print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
                                     os.path.relpath(path, store.root)))
     elif args.action == "verify":
         good, bad = store.verify(repair=args.repair)
+        if args.json:
+            _print_json({"cache_dir": store.root, "exists": True, "verified": good, "repaired": bool(args.repair),
+                         "bad": [{"path": path, "why": why} for path, why in bad]})
+            return 1 if bad and not args.repair else 0
         for path, why in bad:
             print("BAD  %s: %s%s" % (path, why, " (removed)" if args.repair else ""))
         print("%s verified, %d bad" % (_count(good, "entry", "entries"), len(bad)))
@@ -177,8 +202,12 @@ def _cmd_cache(args):
             user.check_output(args.file, "bundle", cache_root=store.root)
             count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
                                          key=jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
-            print("exported %s from %s to %s (%d bytes)" % (_count(count, "entry", "entries"), store.root, args.file,
-                                                                   os.path.getsize(args.file)))
+            if args.json:
+                _print_json({"exported": count, "cache_dir": store.root, "file": args.file,
+                             "bytes": os.path.getsize(args.file)})
+            else:
+                print("exported %s from %s to %s (%d bytes)" % (_count(count, "entry", "entries"), store.root,
+                                                               args.file, os.path.getsize(args.file)))
             return 0
         _check_bundle_file(args.file)
         if jit_bundle.is_bundle(args.file):
@@ -194,9 +223,16 @@ def _cmd_cache(args):
         else:
             added, present = bundle.import_bundle(store, args.file,
                                                   jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
-            print("imported %s into %s: %s added, %d already present (all checksums verified)"
-                  % (args.file, store.root, _count(added, "entry", "entries"), present))
+            if args.json:
+                _print_json({"imported": args.file, "cache_dir": store.root, "added": added, "present": present})
+            else:
+                print("imported %s into %s: %s added, %d already present (all checksums verified)"
+                      % (args.file, store.root, _count(added, "entry", "entries"), present))
     return 0
+
+
+def _print_json(document):
+    print(json.dumps(document, indent=2, sort_keys=True, default=str))
 
 
 def _print_statistics(root, found, as_json):
@@ -504,6 +540,7 @@ def build_parser():
     comp.add_argument("file", help="CUDA source file")
     add_build_options(comp)
     comp.add_argument("-o", "--output", help="also write the image to this file")
+    comp.add_argument("--json", action="store_true", help="one JSON document on stdout")
     comp.epilog = "Compiler options go after --, e.g.: ptxbackend compile k.cu --target compute_75 -- -I include"
     comp.set_defaults(func=_cmd_compile)
 
@@ -521,7 +558,8 @@ def build_parser():
     cache.add_argument("--cache-dir", type=_cache_dir_argument, help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
     cache.add_argument("--zero", action="store_true", help="stats: start the statistics again from now")
-    cache.add_argument("--json", action="store_true", help="stats: machine-readable output")
+    cache.add_argument("--json", action="store_true", help="info, list, stats, verify, export, import: one JSON "
+                       "document on stdout")
     cache.add_argument("--max-size", help="prune: size limit, e.g. 500M; 0 is no limit (default "
                        "PTXBACKEND_CACHE_MAX_SIZE)")
     cache.set_defaults(func=_cmd_cache)
