@@ -496,6 +496,25 @@ def test_json_output_of_compile_and_the_cache_actions(tmp_path, nvcc13):
     assert run_json("cache", "info", "--json", env={"PTXBACKEND_CACHE_DIR": str(tmp_path / "none")})["exists"] is False
 
 
+def test_concurrent_imports_of_one_bundle_count_each_entry_once(tmp_path, nvcc13):
+    src = tmp_path / "src"
+    code = "import ptxbackend\nfor i in range(24):\n    ptxbackend.compile('extern \"C\" __global__ void k(float* y) " \
+           "{ y[0] = %d; }' % i, target='compute_75', compiler='nvcc')\n"
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(src)),
+                   check=True, timeout=600)
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(src))
+    subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "export", str(tmp_path / "b.tgz")], env=env,
+                   check=True, stdout=subprocess.DEVNULL, timeout=120)
+    for attempt in range(3):
+        env["PTXBACKEND_CACHE_DIR"] = str(tmp_path / ("dst%d" % attempt))
+        procs = [subprocess.Popen([sys.executable, "-m", "ptxbackend", "cache", "import", str(tmp_path / "b.tgz"),
+                                   "--json"], env=env, stdout=subprocess.PIPE, universal_newlines=True)
+                 for _ in range(4)]
+        found = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        assert sum(f["added"] for f in found) == 24, found
+        assert all(f["added"] + f["present"] == 24 for f in found), found
+
+
 def test_warm_libs_names_each_library_once():
     from ptxbackend.cli.commands import _library_names
     assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]

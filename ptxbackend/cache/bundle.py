@@ -19,6 +19,7 @@ manifest with it and import takes only bundles signed with it; entries of an
 unsigned bundle are marked (:mod:`.provenance`) and never sent on.
 """
 
+import contextlib
 import hashlib
 import io
 import json
@@ -253,6 +254,16 @@ def _read_verified(source, key=None, store=None):
     return verified, signed
 
 
+@contextlib.contextmanager
+def _held(store, name):
+    lock = getattr(store, "lock", None)
+    if lock is None:
+        yield
+        return
+    with lock(name):
+        yield
+
+
 def import_bundle(store, source, key=None):
     """Verify and add the bundle at ``source`` to ``store``.
 
@@ -277,15 +288,17 @@ def import_bundle(store, source, key=None):
     for name, data in verified:
         path = os.path.join(store.root, *name.split("/"))
         is_entry = not name.endswith(".json")
-        try:
-            if private.read_file(path) == data:
-                present += is_entry
-                continue
-        except OSError:
-            pass
-        private.make_private_dirs(os.path.dirname(path))
-        private.write_atomic(path, data, durable=True)
-        added += is_entry
+        # Under the name's lock: two imports of one bundle at once count each entry once between them.
+        with _held(store, "import/" + name):
+            try:
+                if private.read_file(path) == data:
+                    present += is_entry
+                    continue
+            except OSError:
+                pass
+            private.make_private_dirs(os.path.dirname(path))
+            private.write_atomic(path, data, durable=True)
+            added += is_entry
     for name, data in verified:
         if not name.endswith(".json"):
             provenance.remember(store, name.split("/", 1)[1], data, signed)
