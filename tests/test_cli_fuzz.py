@@ -515,6 +515,27 @@ def test_concurrent_imports_of_one_bundle_count_each_entry_once(tmp_path, nvcc13
         assert all(f["added"] + f["present"] == 24 for f in found), found
 
 
+def test_a_full_output_disk_names_the_output_and_the_remedy_not_a_temporary_file(tmp_path, nvcc13):
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n')
+    assert _run(tmp_path, "compile", str(tmp_path / "k.cu"), "--device-cc", "7.5").returncode == 0
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.call(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(full)],
+                       stderr=subprocess.DEVNULL) != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        (full / "filler").write_bytes(b"x" * 4096)  # what is left is less than any bundle
+    except OSError:
+        pass
+    try:
+        proc = _run(tmp_path, "cache", "export", str(full / "b.tgz"))
+    finally:
+        subprocess.call(["umount", str(full)])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "ptxbackend: error: no space left on the file system of %s: free some, or write " \
+        "elsewhere (the output)" % (full / "b.tgz"), proc.stderr
+
+
 def test_warm_libs_names_each_library_once():
     from ptxbackend.cli.commands import _library_names
     assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]

@@ -1,6 +1,8 @@
 """The ``ptxbackend`` command line (also ``python -m ptxbackend``)."""
 
 import argparse
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -47,7 +49,8 @@ def _cmd_compile(args):
                               os.path.dirname(os.path.abspath(args.file)))
     elapsed = time.time() - started
     if output:
-        user.write_output(output, artifact.image, "output file")
+        with _about(args.output):
+            user.write_output(output, artifact.image, "output file")
     if args.json:
         _print_json({"target": str(artifact.target), "reason": artifact.reason, "kind": artifact.kind,
                      "bytes": len(artifact.image), "producer": artifact.producer, "cache_path": artifact.path,
@@ -200,8 +203,9 @@ def _cmd_cache(args):
             return 2
         if args.action == "export":
             user.check_output(args.file, "bundle", cache_root=store.root)
-            count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
-                                         key=jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
+            with _about(args.file):
+                count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
+                                             key=jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
             if args.json:
                 _print_json({"exported": count, "cache_dir": store.root, "file": args.file,
                              "bytes": os.path.getsize(args.file)})
@@ -662,10 +666,55 @@ def main(argv=None):
         _save_whole_log(exc)
         return 1
     except (IOError, OSError) as exc:
-        print("ptxbackend: error: %s" % exc, file=sys.stderr)
+        print("ptxbackend: error: %s" % _explained(exc), file=sys.stderr)
         return 1
     finally:
         sys.stdout = stdout
+
+
+#: What to do about the file-system errors a command meets most, by errno.
+_REMEDIES = {
+    errno.ENOSPC: "no space left on the file system of %s: free some, or write elsewhere",
+    errno.EDQUOT: "the disk quota is used up on the file system of %s: free some, or write elsewhere",
+    errno.EROFS: "%s is on a read-only file system: write elsewhere",
+    errno.EEXIST: "%s already exists: remove it, or choose another name",
+    errno.EACCES: "no permission to write %s: choose a place you own",
+    errno.EPERM: "not permitted to change %s: choose a place you own",
+}
+
+
+@contextlib.contextmanager
+def _about(path):
+    """A write error with no file name (a full disk fails ``write()``, not ``open()``) is about ``path``."""
+    try:
+        yield
+    except (IOError, OSError) as exc:
+        if getattr(exc, "filename", None) is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), path)
+        raise
+
+
+def _explained(exc):
+    """One line for a file-system error: the file it is about (a temporary file's destination, not the
+    temporary name), which side it is (the cache or the output) and what to do."""
+    path = getattr(exc, "filename", None)
+    if not path or exc.errno not in _REMEDIES:
+        return str(exc)
+    path = str(path)
+    directory, base = os.path.split(path)
+    if base.startswith(".") and ".tmp-" in base:
+        # write_atomic's temporary file: ".NAME.tmp-XXXX" is about NAME; ".tmp-XXXX" about its directory
+        original = base[1:base.rindex(".tmp-")]
+        path = os.path.join(directory, original) if original else directory
+    side = "the output"
+    try:
+        from ..config import load_settings
+        root = os.path.realpath(os.path.expanduser(load_settings().cache_dir))
+        if os.path.realpath(path) == root or os.path.realpath(path).startswith(root + os.sep):
+            side = "the cache"
+    except Exception:  # a setting that cannot be read is reported elsewhere; name the path alone
+        pass
+    return "%s (%s)" % (_REMEDIES[exc.errno] % path, side)
 
 
 def _save_whole_log(exc):
