@@ -1,0 +1,76 @@
+"""`ptxbackend cache verify` checks what an entry depends on, and `--repair` mends what it reports."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, run_python
+
+PROGRAM = r'''
+import os, ptxbackend
+inc = os.environ["INC"]
+for i in range(2):
+    ptxbackend.compile('#include "val.cuh"\nextern "C" __global__ void k(float* y) { y[0] = VAL + %d; }' % i,
+                       ["-I", inc], target="compute_75", compiler="nvcc")
+'''
+
+
+def verify(cache, *extra):
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(cache))
+    return subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "verify"] + list(extra), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+
+
+@pytest.fixture
+def cache(tmp_path, nvcc13):
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "val.cuh").write_text("#define VAL 1.0f\n")
+    run_python(PROGRAM, env={"PTXBACKEND_CACHE_DIR": str(tmp_path / "cache"), "INC": str(tmp_path / "inc")})
+    assert verify(tmp_path / "cache").returncode == 0
+    return tmp_path / "cache"
+
+
+def the_set(cache):
+    found = glob.glob(str(cache / "v4" / "depsets" / "*" / "*.json"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_damaged_dependency_set_is_reported_and_repaired(cache):
+    path = the_set(cache)
+    with open(path, "r+b") as handle:
+        data = handle.read()
+        handle.seek(0)
+        handle.write(data.replace(b"val.cuh", b"val.cuX", 1))
+    proc = verify(cache)
+    assert proc.returncode == 1 and proc.stdout.count("BAD ") == 2, proc.stdout
+    assert "dependency set" in proc.stdout and "do not match its digest" in proc.stdout
+    assert verify(cache, "--repair").returncode == 0
+    assert not os.path.exists(path)
+    clean = verify(cache)
+    assert clean.returncode == 0 and "0 entries verified, 0 bad" in clean.stdout, clean.stdout
+
+
+def test_a_dependency_set_another_user_owns_is_reported(cache):
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    os.chown(the_set(cache), 65534, 65534)
+    proc = verify(cache)
+    assert proc.returncode == 1 and "not usable" in proc.stdout, proc.stdout
+
+
+def test_a_missing_producer_record_is_reported(cache):
+    os.unlink(glob.glob(str(cache / "v4" / "*" / "identity.json"))[0])
+    proc = verify(cache)
+    assert proc.returncode == 1 and "producer record" in proc.stdout and "missing" in proc.stdout, proc.stdout
+
+
+def test_a_file_where_a_directory_belongs_is_reported_and_left_alone(cache):
+    producer = [d for d in os.listdir(str(cache / "v4")) if d.startswith("nvcc-")][0]
+    stray = cache / "v4" / producer / "compute_75" / "zz"
+    stray.write_text("someone's notes\n")
+    proc = verify(cache, "--repair")
+    assert "not a file ptxbackend writes here" in proc.stdout and stray.exists(), proc.stdout
