@@ -74,3 +74,13 @@ def test_a_file_where_a_directory_belongs_is_reported_and_left_alone(cache):
     stray.write_text("someone's notes\n")
     proc = verify(cache, "--repair")
     assert "not a file ptxbackend writes here" in proc.stdout and stray.exists(), proc.stdout
+
+
+def test_export_refuses_a_bundle_that_would_not_hit_and_says_which_entries(cache, tmp_path):
+    os.unlink(the_set(cache))
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(cache))
+    proc = subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "export", str(tmp_path / "b.tgz")], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    assert proc.returncode == 1 and "2 entries would not hit" in proc.stderr and "missing" in proc.stderr, proc.stderr
+    assert "verify --repair" in proc.stderr and not (tmp_path / "b.tgz").exists()
+    assert len(proc.stderr.strip().splitlines()) == 1

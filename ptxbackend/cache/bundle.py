@@ -75,6 +75,18 @@ def export_bundle(store, destination, include_jit=True, force=False, key=None):
     bundle stay home: a signature vouches only for what this machine compiled or received signed.
     Returns the number of entries written.
     """
+    # A bundle must hit where it lands: an entry that verify finds bad (damaged, or naming a set or a
+    # record that is missing, damaged or not ours) would be a miss there, or refused: say which, write nothing.
+    broken = [(path, why) for path, why in getattr(store, "verify", lambda: (0, []))()[1]
+              if path.rsplit(".", 1)[-1] in ("ptx", "cubin", "fatbin")
+              and (include_jit or os.sep + "jit" + os.sep not in path)]
+    if broken:
+        shown = "; ".join("%s: %s" % (path, why) for path, why in broken[:5])
+        raise CacheError("cache export: %d entr%s would not hit on the machine that imports the bundle (%s%s). "
+                         "Run `ptxbackend cache verify --repair` (they are compiled again when next asked for), "
+                         "then export again; nothing was written" % (
+                             len(broken), "y" if len(broken) == 1 else "ies", shown,
+                             "; and %d more" % (len(broken) - 5) if len(broken) > 5 else ""))
     files = []
     for path, _size, _mtime in store.entries():
         if not include_jit and os.sep + "jit" + os.sep in path:
