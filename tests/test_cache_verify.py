@@ -84,3 +84,38 @@ def test_export_refuses_a_bundle_that_would_not_hit_and_says_which_entries(cache
     assert proc.returncode == 1 and "2 entries would not hit" in proc.stderr and "missing" in proc.stderr, proc.stderr
     assert "verify --repair" in proc.stderr and not (tmp_path / "b.tgz").exists()
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_import_and_export_show_progress_on_a_terminal_only(cache, tmp_path):
+    import pty
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(cache))
+
+    def run(*argv):
+        master, slave = pty.openpty()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "ptxbackend", "cache"] + list(argv), env=env,
+                                  stdout=subprocess.PIPE, stderr=slave, universal_newlines=True, timeout=120)
+            os.close(slave)
+            slave = None
+            chunks = []
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the terminal's other side is closed: all read
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            return proc, b"".join(chunks).decode("utf-8", "replace")
+        finally:
+            os.close(master)
+            if slave is not None:
+                os.close(slave)
+    proc, terminal = run("export", str(tmp_path / "b.tgz"))
+    assert proc.returncode == 0 and "cache export [" in terminal and "exported 2 entries" in proc.stdout, terminal
+    env["PTXBACKEND_CACHE_DIR"] = str(tmp_path / "other")
+    proc, terminal = run("import", str(tmp_path / "b.tgz"), "--json")
+    assert proc.returncode == 0 and terminal == "" and '"added": 2' in proc.stdout, terminal
+    piped = subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "export", str(tmp_path / "c.tgz")], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr

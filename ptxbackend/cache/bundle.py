@@ -66,7 +66,7 @@ def _dependency_sets(store):
                 yield os.path.join(base, name)
 
 
-def export_bundle(store, destination, include_jit=True, force=False, key=None):
+def export_bundle(store, destination, include_jit=True, force=False, key=None, progress=None):
     """Write every entry of ``store`` (and the producers' identities) to a tar at ``destination``.
 
     An existing ``destination`` is replaced only with ``force``.  The tar is written to a new file
@@ -98,7 +98,10 @@ def export_bundle(store, destination, include_jit=True, force=False, key=None):
     files.extend(_dependency_sets(store))
     records = []
     blobs = []
+    meter = progress(len(files)) if progress else None  # the caller's display: a terminal's bar
     for path in sorted(files):
+        if meter is not None:
+            meter.step()
         try:
             data = private.read_file(path)
         except OSError:
@@ -276,7 +279,7 @@ def _held(store, name):
         yield
 
 
-def import_bundle(store, source, key=None):
+def import_bundle(store, source, key=None, progress=None):
     """Verify and add the bundle at ``source`` to ``store``.
 
     With ``key`` (the fleet key, when one is configured) only a bundle signed with it is imported.
@@ -297,7 +300,10 @@ def import_bundle(store, source, key=None):
         raise CacheError("%s is damaged or not a complete bundle (%s: %s); copy it again. Nothing was "
                          "imported" % (source, type(exc).__name__, exc))
     added = present = 0
+    meter = progress(len(verified)) if progress else None
     for name, data in verified:
+        if meter is not None:
+            meter.step()
         path = os.path.join(store.root, *name.split("/"))
         is_entry = not name.endswith(".json")
         # Under the name's lock: two imports of one bundle at once count each entry once between them.

@@ -205,7 +205,8 @@ def _cmd_cache(args):
             user.check_output(args.file, "bundle", cache_root=store.root)
             with _about(args.file):
                 count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
-                                             key=jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
+                                             key=jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)),
+                                             progress=_progress("cache export", args))
             if args.json:
                 _print_json({"exported": count, "cache_dir": store.root, "file": args.file,
                              "bytes": os.path.getsize(args.file)})
@@ -226,13 +227,23 @@ def _cmd_cache(args):
                       jit_bundle.managed_dir(settings.cache_dir)))
         else:
             added, present = bundle.import_bundle(store, args.file,
-                                                  jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
+                                                  jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)),
+                                                  progress=_progress("cache import", args))
             if args.json:
                 _print_json({"imported": args.file, "cache_dir": store.root, "added": added, "present": present})
             else:
                 print("imported %s into %s: %s added, %d already present (all checksums verified)"
                       % (args.file, store.root, _count(added, "entry", "entries"), present))
     return 0
+
+
+def _progress(label, args):
+    """A progress bar for a long action, on a terminal only (stderr a tty, no --json): elsewhere the
+    action's one result line is all it prints."""
+    if getattr(args, "json", False) or not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return None
+    from ..deploy.replay import Progress
+    return lambda total: Progress(total, label)
 
 
 def _print_json(document):
