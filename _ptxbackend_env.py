@@ -150,14 +150,51 @@ def parents_problem(path):
 
 
 def cache_root():
-    """The cache directory the settings name without a config file: ``$PTXBACKEND_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/ptxbackend`` or ``~/.cache/ptxbackend``."""
+    """The cache directory the settings name: ``$PTXBACKEND_CACHE_DIR``, else ``cache_dir`` of the config
+    file, else ``$XDG_CACHE_HOME/ptxbackend`` or ``~/.cache/ptxbackend``."""
     environ = os.environ
-    root = environ.get("PTXBACKEND_CACHE_DIR")
+    root = environ.get("PTXBACKEND_CACHE_DIR") or _config_cache_dir()
     if not root:
         root = os.path.join(environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
                             "ptxbackend")
     return os.path.expanduser(root)
+
+
+def _config_cache_dir():
+    """``cache_dir`` from the config file (``$PTXBACKEND_CONFIG``, else, on Linux, the XDG place
+    platformdirs gives: ``$XDG_CONFIG_HOME`` or ``~/.config``, then ``ptxbackend/config.ini``), when that
+    file exists and only you or root can change it; else ``None``.  One ``open`` that fails on a machine
+    without one; the package reads the file in full and reports its problems."""
+    path = os.environ.get("PTXBACKEND_CONFIG")
+    if not path:
+        if not sys.platform.startswith("linux"):
+            return None
+        path = os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config"),
+                            "ptxbackend", "config.ini")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode) or st.st_uid not in (os.getuid(), 0) or st.st_size > 1 << 16 \
+                or st.st_mode & (_stat.S_IWGRP | _stat.S_IWOTH):
+            return None
+        text = os.read(fd, 1 << 16).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    section = None
+    for line in text.lstrip("\ufeff").splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+        elif section == "ptxbackend" and "=" in line and not line.startswith(("#", ";")):
+            name, _, value = line.partition("=")
+            if name.strip().lower() == "cache_dir" and value.strip():
+                return value.strip()
+    return None
 
 
 def use_imported_jit_cache():

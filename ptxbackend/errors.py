@@ -42,10 +42,23 @@ class CompileError(PtxBackendError):
         if self.command:
             text += "\n--- command / options ---\n" + " ".join(self.command)
         if self.log.strip():
-            text += "\n--- compiler log ---\n" + self.log.rstrip()
+            text += "\n--- compiler log ---\n" + _cut(self.log.rstrip())
         if self.hint:
             text += "\n--- what to do ---\n" + self.hint
         super(CompileError, self).__init__(text)
+
+
+#: A compiler log longer than this many lines is shown by its head and tail (3 MB of bad source
+#: makes tens of thousands of lines, and the first errors are the ones to read).
+LOG_HEAD, LOG_TAIL = 40, 10
+
+
+def _cut(log):
+    lines = log.splitlines()
+    if len(lines) <= LOG_HEAD + LOG_TAIL + 1:
+        return log
+    return "\n".join(lines[:LOG_HEAD] + ["... %d lines left out (the whole log: the error's .log) ..."
+                                         % (len(lines) - LOG_HEAD - LOG_TAIL)] + lines[-LOG_TAIL:])
 
 
 class CacheError(PtxBackendError):

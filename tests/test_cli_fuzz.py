@@ -418,6 +418,124 @@ def test_a_report_to_a_full_disk_is_one_line_and_exit_1(tmp_path):
         "ptxbackend: error: cannot write the output: No space left on device (standard output)"], proc.stderr
 
 
+def test_doctor_opens_with_its_verdict(tmp_path):
+    proc = _run(tmp_path, "doctor", env={"PTXBACKEND_NVRTC": str(tmp_path / "nope.so")})
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("verdict: 1 problem") and "nope.so" in first, proc.stdout
+    from ptxbackend.cli import doctor
+    assert doctor.verdict({"problems": [], "warnings": []}) == "verdict: OK"
+    assert doctor.verdict({"problems": [], "warnings": ["w1", "w2"]}) == "verdict: 2 warnings; first: w1"
+
+
+def test_a_huge_compiler_log_is_cut_and_kept_whole_in_a_private_file(tmp_path, nvcc13):
+    (tmp_path / "bad.cu").write_text("".join("@ garbage %d $ `x` ;\n" % i for i in range(100000)))
+    proc = _run(tmp_path, "compile", str(tmp_path / "bad.cu"), "--device-cc", "7.5")
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert len(lines) <= 70 and any("lines left out" in line for line in lines), len(lines)
+    saved = lines[-1].rsplit(": ", 1)[1]
+    try:
+        assert lines[-1].startswith("ptxbackend: the whole compiler log (")
+        assert stat.S_IMODE(os.stat(saved).st_mode) == 0o600
+        with open(saved) as handle:
+            assert len(handle.read().splitlines()) > 100
+    finally:
+        os.unlink(saved)
+
+
+def test_demo_shows_the_ptx_route_when_the_toolkit_builds_native_code(tmp_path, nvcc13):
+    proc = _run(tmp_path, "demo", "--device-cc", "7.5", "--compiler", "nvcc")
+    assert proc.returncode == 0, proc.stderr
+    assert "image:    cubin" in proc.stdout and "The PTX route" in proc.stdout, proc.stdout
+    assert "image:    ptx" in proc.stdout and "the driver JIT-compiles compute_75 at load" in proc.stdout
+
+
+def test_bash_completion_is_made_from_the_parser_and_completes(tmp_path):
+    proc = _run(tmp_path, "completion", "bash")
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "ptxbackend.bash"
+    script.write_text(proc.stdout)
+
+    def complete(*words):
+        line = "source %s; COMP_WORDS=(ptxbackend %s); COMP_CWORD=%d; _ptxbackend; echo \"${COMPREPLY[*]}\"" % (
+            script, " ".join("'%s'" % w for w in words), len(words))
+        return subprocess.run(["bash", "-c", line], stdout=subprocess.PIPE, universal_newlines=True,
+                              check=True).stdout.split()
+    assert complete("ca") == ["cache"]
+    assert complete("cache", "st") == ["stats"]
+    assert complete("cache", "stats", "--ze") == ["--zero"]
+    assert complete("completion", "") == ["bash", "zsh", "--help"]
+    from ptxbackend.cli.commands import build_parser
+    cache_flags = [o for a in build_parser()._subparsers._group_actions[0].choices["cache"]._actions
+                   for o in a.option_strings if o.startswith("--")]
+    assert sorted(complete("cache", "--")) == sorted(cache_flags)
+    zsh = _run(tmp_path, "completion", "zsh")
+    assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef ptxbackend") and "bashcompinit" in zsh.stdout
+
+
+def test_json_output_of_compile_and_the_cache_actions(tmp_path, nvcc13):
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n')
+
+    def run_json(*argv, **kwargs):
+        proc = _run(tmp_path, *argv, **kwargs)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    compiled = run_json("compile", str(tmp_path / "k.cu"), "--device-cc", "7.5", "--json")
+    assert compiled["kind"] == "cubin" and compiled["cache_hit"] is False and compiled["bytes"] > 0
+    assert run_json("compile", str(tmp_path / "k.cu"), "--device-cc", "7.5", "--json")["cache_hit"] is True
+    info = run_json("cache", "info", "--json")
+    assert info["entries"] >= 1 and info["exists"] and info["producers"] == ["nvcc-13.0.88"]
+    listed = run_json("cache", "list", "--json")
+    assert any(e["path"].endswith(".cubin") for e in listed["entries"])
+    assert run_json("cache", "verify", "--json")["bad"] == []
+    exported = run_json("cache", "export", str(tmp_path / "b.tgz"), "--json")
+    assert exported["exported"] >= 1 and exported["bytes"] == os.path.getsize(str(tmp_path / "b.tgz"))
+    imported = run_json("cache", "import", str(tmp_path / "b.tgz"), "--json",
+                        env={"PTXBACKEND_CACHE_DIR": str(tmp_path / "other")})
+    assert imported["added"] == exported["exported"] and imported["present"] == 0
+    assert run_json("cache", "info", "--json", env={"PTXBACKEND_CACHE_DIR": str(tmp_path / "none")})["exists"] is False
+
+
+def test_concurrent_imports_of_one_bundle_count_each_entry_once(tmp_path, nvcc13):
+    src = tmp_path / "src"
+    code = "import ptxbackend\nfor i in range(24):\n    ptxbackend.compile('extern \"C\" __global__ void k(float* y) " \
+           "{ y[0] = %d; }' % i, target='compute_75', compiler='nvcc')\n"
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(src)),
+                   check=True, timeout=600)
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(src))
+    subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "export", str(tmp_path / "b.tgz")], env=env,
+                   check=True, stdout=subprocess.DEVNULL, timeout=120)
+    for attempt in range(3):
+        env["PTXBACKEND_CACHE_DIR"] = str(tmp_path / ("dst%d" % attempt))
+        procs = [subprocess.Popen([sys.executable, "-m", "ptxbackend", "cache", "import", str(tmp_path / "b.tgz"),
+                                   "--json"], env=env, stdout=subprocess.PIPE, universal_newlines=True)
+                 for _ in range(4)]
+        found = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        assert sum(f["added"] for f in found) == 24, found
+        assert all(f["added"] + f["present"] == 24 for f in found), found
+
+
+def test_a_full_output_disk_names_the_output_and_the_remedy_not_a_temporary_file(tmp_path, nvcc13):
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n')
+    assert _run(tmp_path, "compile", str(tmp_path / "k.cu"), "--device-cc", "7.5").returncode == 0
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.call(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(full)],
+                       stderr=subprocess.DEVNULL) != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        (full / "filler").write_bytes(b"x" * 4096)  # what is left is less than any bundle
+    except OSError:
+        pass
+    try:
+        proc = _run(tmp_path, "cache", "export", str(full / "b.tgz"))
+    finally:
+        subprocess.call(["umount", str(full)])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "ptxbackend: error: no space left on the file system of %s: free some, or write " \
+        "elsewhere (the output)" % (full / "b.tgz"), proc.stderr
+
+
 def test_warm_libs_names_each_library_once():
     from ptxbackend.cli.commands import _library_names
     assert _library_names(",".join(["cudnn"] * 5000 + ["cublas", " cudnn ", ""])) == ["cudnn", "cublas"]
@@ -515,3 +633,18 @@ def test_a_fleet_store_that_does_not_answer_is_named_once_and_failed_once(tmp_pa
     assert "does not answer" in text or "cache push to the fleet store" in text, text
     assert "fleet store fleet store" not in text and "the fleet store fleet" not in text, text
     assert "failed: failed" not in text and "(failed: " not in text, text
+
+
+def test_cache_push_of_entries_to_a_store_that_does_not_answer_is_one_line(tmp_path, nvcc13):
+    key = tmp_path / "fleet.key"
+    key.write_bytes(os.urandom(32))
+    os.chmod(str(key), 0o600)
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n')
+    assert _run(tmp_path, "compile", str(tmp_path / "k.cu"), "--device-cc", "7.5").returncode == 0
+    proc = _run(tmp_path, "cache", "push", env={"PTXBACKEND_REMOTE": "redis://127.0.0.1:1/0",
+                                               "PTXBACKEND_REMOTE_KEY_FILE": str(key)})
+    # the command's own error only, not the library's fail-open warning as well
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        line for line in proc.stderr.strip().splitlines() if line.startswith("ptxbackend: error: cache push")], \
+        proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

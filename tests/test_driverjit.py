@@ -212,6 +212,27 @@ def test_the_hook_points_the_driver_at_an_imported_set_only(tmp_path, monkeypatc
     assert os.environ["CUDA_CACHE_PATH"] == "/users/own/cache"  # never overrides the user's
 
 
+def test_the_hook_finds_an_imported_set_in_the_cache_dir_of_the_config_file(tmp_path, monkeypatch):
+    import _ptxbackend_pth
+    monkeypatch.delenv("CUDA_CACHE_PATH", raising=False)
+    monkeypatch.delenv("PTXBACKEND_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config-home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-home"))
+    os.makedirs(str(tmp_path / "configured" / "driver-jit"))
+    config = tmp_path / "config-home" / "ptxbackend" / "config.ini"
+    config.parent.mkdir(parents=True)
+    config.write_text("[ptxbackend]\ncache_dir = %s\n" % (tmp_path / "configured"))
+    os.chmod(str(config), 0o644)
+    _ptxbackend_pth.use_imported_jit_cache()
+    assert os.environ["CUDA_CACHE_PATH"] == str(tmp_path / "configured" / "driver-jit")
+    from ptxbackend.config import load_settings  # the package reads the same directory from the file
+    assert load_settings().cache_dir == str(tmp_path / "configured")
+    monkeypatch.delenv("CUDA_CACHE_PATH")
+    os.chmod(str(config), 0o664)  # a file others may change names no directory for the driver
+    _ptxbackend_pth.use_imported_jit_cache()
+    assert "CUDA_CACHE_PATH" not in os.environ
+
+
 def test_doctor_reports_the_imported_set_and_whether_the_driver_uses_it(tmp_path, warmed):
     import subprocess
     import sys

@@ -129,3 +129,5 @@ def test_demo_runs_and_checks_against_cpu(nvcc13):
     lines = []
     assert demo.run(out=lines.append) == 0
     assert any("OK" in line for line in lines)
+    if any(line.startswith("image:    cubin") for line in lines):  # native first, then the PTX route, run too
+        assert any("The PTX route" in line for line in lines) and sum("-> OK" in line for line in lines) == 2, lines

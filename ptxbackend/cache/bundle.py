@@ -19,6 +19,7 @@ manifest with it and import takes only bundles signed with it; entries of an
 unsigned bundle are marked (:mod:`.provenance`) and never sent on.
 """
 
+import contextlib
 import hashlib
 import io
 import json
@@ -65,7 +66,7 @@ def _dependency_sets(store):
                 yield os.path.join(base, name)
 
 
-def export_bundle(store, destination, include_jit=True, force=False, key=None):
+def export_bundle(store, destination, include_jit=True, force=False, key=None, progress=None):
     """Write every entry of ``store`` (and the producers' identities) to a tar at ``destination``.
 
     An existing ``destination`` is replaced only with ``force``.  The tar is written to a new file
@@ -74,6 +75,18 @@ def export_bundle(store, destination, include_jit=True, force=False, key=None):
     bundle stay home: a signature vouches only for what this machine compiled or received signed.
     Returns the number of entries written.
     """
+    # A bundle must hit where it lands: an entry that verify finds bad (damaged, or naming a set or a
+    # record that is missing, damaged or not ours) would be a miss there, or refused: say which, write nothing.
+    broken = [(path, why) for path, why in getattr(store, "verify", lambda: (0, []))()[1]
+              if path.rsplit(".", 1)[-1] in ("ptx", "cubin", "fatbin")
+              and (include_jit or os.sep + "jit" + os.sep not in path)]
+    if broken:
+        shown = "; ".join("%s: %s" % (path, why) for path, why in broken[:5])
+        raise CacheError("cache export: %d entr%s would not hit on the machine that imports the bundle (%s%s). "
+                         "Run `ptxbackend cache verify --repair` (they are compiled again when next asked for), "
+                         "then export again; nothing was written" % (
+                             len(broken), "y" if len(broken) == 1 else "ies", shown,
+                             "; and %d more" % (len(broken) - 5) if len(broken) > 5 else ""))
     files = []
     for path, _size, _mtime in store.entries():
         if not include_jit and os.sep + "jit" + os.sep in path:
@@ -85,7 +98,10 @@ def export_bundle(store, destination, include_jit=True, force=False, key=None):
     files.extend(_dependency_sets(store))
     records = []
     blobs = []
+    meter = progress(len(files)) if progress else None  # the caller's display: a terminal's bar
     for path in sorted(files):
+        if meter is not None:
+            meter.step()
         try:
             data = private.read_file(path)
         except OSError:
@@ -253,7 +269,17 @@ def _read_verified(source, key=None, store=None):
     return verified, signed
 
 
-def import_bundle(store, source, key=None):
+@contextlib.contextmanager
+def _held(store, name):
+    lock = getattr(store, "lock", None)
+    if lock is None:
+        yield
+        return
+    with lock(name):
+        yield
+
+
+def import_bundle(store, source, key=None, progress=None):
     """Verify and add the bundle at ``source`` to ``store``.
 
     With ``key`` (the fleet key, when one is configured) only a bundle signed with it is imported.
@@ -274,18 +300,23 @@ def import_bundle(store, source, key=None):
         raise CacheError("%s is damaged or not a complete bundle (%s: %s); copy it again. Nothing was "
                          "imported" % (source, type(exc).__name__, exc))
     added = present = 0
+    meter = progress(len(verified)) if progress else None
     for name, data in verified:
+        if meter is not None:
+            meter.step()
         path = os.path.join(store.root, *name.split("/"))
         is_entry = not name.endswith(".json")
-        try:
-            if private.read_file(path) == data:
-                present += is_entry
-                continue
-        except OSError:
-            pass
-        private.make_private_dirs(os.path.dirname(path))
-        private.write_atomic(path, data, durable=True)
-        added += is_entry
+        # Under the name's lock: two imports of one bundle at once count each entry once between them.
+        with _held(store, "import/" + name):
+            try:
+                if private.read_file(path) == data:
+                    present += is_entry
+                    continue
+            except OSError:
+                pass
+            private.make_private_dirs(os.path.dirname(path))
+            private.write_atomic(path, data, durable=True)
+            added += is_entry
     for name, data in verified:
         if not name.endswith(".json"):
             provenance.remember(store, name.split("/", 1)[1], data, signed)

@@ -16,6 +16,7 @@ import logging
 from . import entry as entry_format
 from . import layout
 from . import provenance
+from . import statistics
 from .later import LaterWriter
 from .base import UnusableValue
 
@@ -34,7 +35,9 @@ class EntryCache(object):
         self.root = getattr(local, "root", None)
         self.meta_dir = getattr(local, "meta_dir", None)
         self.counters = {"local_hits": 0, "remote_hits": 0, "misses": 0, "uploads": 0, "discarded": 0,
-                         "remote_discarded": 0}
+                         "remote_discarded": 0, "compiles": 0, "compile_seconds": 0.0, "compile_errors": 0}
+        if self.meta_dir is not None:
+            statistics.follow(self)  # kept across runs: added to the cache's file at exit
         self._unwritable_reported = False
         self._remote_discard_reported = False
         self.push_withheld = 0  # entries the last push() kept here (arrived unsigned: provenance.py)

@@ -288,6 +288,9 @@ class RemoteStore(Store):
 
     # -- the connection and the circuit breaker ------------------------------------------------------
 
+    #: Whether the first failure is a warning: a command that reports the failure itself turns it off.
+    report_failures = True
+
     def _make_client(self):
         if not self._cluster:
             return resp.Client(self._endpoint, self.timeout, HEADER_SIZE + MAX_VALUE + 1)
@@ -304,7 +307,7 @@ class RemoteStore(Store):
             first = self._failed is None
             if first:
                 self._failed = _explain(exc)
-        if not first or quiet:
+        if not first or quiet or not self.report_failures:
             log.debug("ptxbackend: the fleet store at %s is unusable (%s)", self.url, _explain(exc))
         elif self.retry is None or self._final:
             log.warning("ptxbackend: the fleet store at %s failed (%s); this program continues with its "

@@ -14,6 +14,7 @@ wait.  Maintenance (``entries``, ``verify``, ``prune``) is this store's own.
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -28,7 +29,7 @@ from . import entry as entry_format
 from .base import Store, UnusableValue
 from .keys import SCHEMA_VERSION
 from .layout import KINDS as KIND_SUFFIXES, LAYOUT, OLD_SCHEMAS, RESERVED, ROOT_NAMES, ROOT_PREFIXES
-from .layout import layout_schema, old_entry_head, old_layout_role
+from .layout import depset_name as layout_depset_name, layout_schema, old_entry_head, old_layout_role
 
 log = logging.getLogger("ptxbackend.cache")
 _ENTRY_ENDINGS = tuple("." + kind for kind in KIND_SUFFIXES)
@@ -254,15 +255,28 @@ class DirectoryStore(Store):
                     yield os.path.join(self.base, relative), st.st_size, st.st_mtime
 
     def verify(self, repair=False):
-        """Check every entry.  Returns ``(good, [(path, reason), ...])``; ``repair`` removes bad ones."""
+        """Check every entry and what it depends on: its own bytes, the dependency set it names (there,
+        ours, not writable by others, its digest, its shape) and its producer's record.  Returns
+        ``(good, [(path, reason), ...])``; ``repair`` removes the bad entries (they are compiled again)
+        and the damaged sets and records they named.  A file in an entry directory that ptxbackend does
+        not write is reported and left alone: it may be someone's."""
         good = 0
         bad = []
+        known = {}  # name of a set or record -> its problem, or None
+        damaged = set()
         with self._base_fd() as base_fd:
             for dir_fd, relative, name, st in self._files(base_fd):
                 if not self._is_entry(name, st):
+                    if not (name.startswith(".tmp-") or relative.count(os.sep) == 1 and name == "identity.json"):
+                        bad.append((os.path.join(self.base, relative), "not a file ptxbackend writes here (a "
+                                    "file where a directory belongs?); left alone"))
                     continue
                 try:
-                    entry_format.decode(private.read_at(dir_fd, name))
+                    _payload, meta, deps = entry_format.decode_all(private.read_at(dir_fd, name))
+                    why, culprit = self._dependency_problem(meta, deps, known)
+                    if why:
+                        damaged.add(culprit)
+                        raise entry_format.CorruptEntry(why)
                     good += 1
                 except (OSError, entry_format.CorruptEntry) as exc:
                     bad.append((os.path.join(self.base, relative), str(exc)))
@@ -271,7 +285,51 @@ class DirectoryStore(Store):
                             os.unlink(name, dir_fd=dir_fd)  # the directory read, wherever it is now
                         except OSError:
                             pass
+        if repair:
+            for name in damaged:
+                if known.get(name) and not known[name].startswith("missing"):
+                    self.delete(name)
         return good, bad
+
+    def _dependency_problem(self, meta, deps, known):
+        """``(why, name)`` of the first thing the entry depends on that is not right, or ``(None, None)``."""
+        from ..dependencies import depsets  # a leaf's shape check; the package's layers allow it
+        needed = []
+        if deps:
+            digest = bytes(deps).decode("ascii", "replace")
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                return "its dependency section is not a set's digest", None
+            needed.append(("set", layout_depset_name(digest), digest))
+        producer = (meta or {}).get("producer")
+        if isinstance(producer, str) and producer:
+            needed.append(("record", producer + "/identity.json", None))
+        for what, name, digest in needed:
+            if name not in known:
+                known[name] = self._file_problem(what, name, digest, depsets)
+            if known[name]:
+                return ("its %s %s is %s" % ("dependency set" if what == "set" else "producer record",
+                                             self.path_of(name), known[name]), name)
+        return None, None
+
+    def _file_problem(self, what, name, digest, depsets):
+        try:
+            blob = self.get(name)
+        except UnusableValue as exc:
+            return "not usable (%s)" % exc
+        if blob is None:
+            return "missing"
+        try:
+            body = json.loads(bytes(blob).decode("utf-8"))
+        except ValueError:
+            return "damaged (not JSON)"
+        if what == "set":
+            if hashlib.sha256(bytes(blob)).hexdigest() != digest:
+                return "damaged (its bytes do not match its digest)"
+            if not depsets.well_formed(body):
+                return "damaged (not the shape of a dependency set)"
+        elif not isinstance(body, dict):
+            return "damaged (not a producer record)"
+        return None
 
     def total_size(self):
         return sum(size for _path, size, _mtime in self.entries())

@@ -1,6 +1,8 @@
 """The ``ptxbackend`` command line (also ``python -m ptxbackend``)."""
 
 import argparse
+import contextlib
+import errno
 import json
 import os
 import shutil
@@ -20,6 +22,7 @@ def _cmd_doctor(args):
     from . import doctor
     report = doctor.collect()
     if args.json:
+        report["verdict"] = doctor.verdict(report)
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
         print(doctor.render(report))
@@ -45,12 +48,20 @@ def _cmd_compile(args):
                               source_dir=os.getcwd() if from_stdin else
                               os.path.dirname(os.path.abspath(args.file)))
     elapsed = time.time() - started
+    if output:
+        with _about(args.output):
+            user.write_output(output, artifact.image, "output file")
+    if args.json:
+        _print_json({"target": str(artifact.target), "reason": artifact.reason, "kind": artifact.kind,
+                     "bytes": len(artifact.image), "producer": artifact.producer, "cache_path": artifact.path,
+                     "cache_hit": bool(artifact.cache_hit), "seconds": elapsed, "key": artifact.key,
+                     "output": args.output})
+        return 0
     print("target:   %s (%s)" % (artifact.target, artifact.reason))
     print("kind:     %s, %d bytes, by %s" % (artifact.kind, len(artifact.image), artifact.producer))
     print("cache:    %s" % artifact.path)
     print("result:   %s in %.3f s" % ("hit" if artifact.cache_hit else "miss (compiled)", elapsed))
     if output:
-        user.write_output(output, artifact.image, "output file")
         print("written:  %s" % args.output)
     return 0
 
@@ -58,7 +69,8 @@ def _cmd_compile(args):
 #: Each ``cache`` flag and the actions it means something to: anywhere else it is refused, not ignored.
 _CACHE_FLAGS = (("no_jit", "--no-jit", ("export",)), ("force", "--force", ("export",)),
                 ("from_fleet", "--from-fleet", ("import",)), ("repair", "--repair", ("verify",)),
-                ("max_size", "--max-size", ("prune",)))
+                ("max_size", "--max-size", ("prune",)), ("zero", "--zero", ("stats",)),
+                ("json", "--json", ("info", "list", "stats", "verify", "export", "import")))
 
 
 def _flags_refused(command, given, table):
@@ -83,19 +95,31 @@ def _cmd_cache(args):
     if refused:
         print("ptxbackend: error: cache %s" % refused, file=sys.stderr)
         return 2
-    if args.action in ("info", "list", "verify") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
+    if args.action in ("info", "list", "verify", "stats") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
         # Looking must not create: an empty report, and the directory is made by the first compile.
         where = os.path.abspath(os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir))
-        if args.action == "info":
+        if args.json and args.action != "stats":
+            _print_json({"cache_dir": where, "exists": False, "entries": [] if args.action == "list" else 0,
+                         "bad": [] if args.action == "verify" else None})
+        elif args.action == "info":
             print("cache dir: %s (%s)\nentries:   0" % (where, "no ptxbackend cache in it yet: nothing compiled"
                                                           if os.path.isdir(where) else "not created yet: nothing compiled"))
         elif args.action == "verify":
             print("no cache at %s: nothing to verify" % where)
+        elif args.action == "stats":
+            _print_statistics(where, None, args.json)
         return 0
     store = open_store(load_settings(cache_dir=args.cache_dir))
     if args.action == "info":
         entries = list(store.entries())
         total = sum(size for _p, size, _m in entries)
+        if args.json:
+            old, unknown = store.root_items()
+            _print_json({"cache_dir": store.root, "exists": True, "entries": len(entries), "bytes": total,
+                         "max_size": store.max_size or None, "read_only": bool(getattr(store, "read_only", False)),
+                         "producers": [p for p, _r in EntryCache(store).producer_records()],
+                         "old_layouts": list(old), "unknown": list(unknown or [])})
+            return 0
         print("cache dir: %s\nentries:   %d\nsize:      %.2f MiB (%s)" % (
             store.root, len(entries), total / 1048576.0,
             "limit %.0f MiB" % (store.max_size / 1048576.0) if store.max_size else "no limit"))
@@ -107,12 +131,26 @@ def _cmd_cache(args):
             print("old:       %s, from an earlier ptxbackend; unused here ('ptxbackend cache prune' "
                   "removes them)" % ", ".join(old))
         _print_unknown(store, unknown)
+    elif args.action == "stats":
+        from ..cache import statistics
+        statistics.save_all()  # what this process counted (none, for this command) is in
+        if args.zero:
+            statistics.zero(store)
+        _print_statistics(store.root, statistics.read(store), args.json)
+    elif args.action == "list" and args.json:
+        _print_json({"cache_dir": store.root, "exists": True, "entries": [
+            {"path": os.path.relpath(path, store.root), "bytes": size, "mtime": mtime}
+            for path, size, mtime in sorted(store.entries())]})
     elif args.action == "list":
         for path, size, mtime in sorted(store.entries()):
             print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
                                     os.path.relpath(path, store.root)))
     elif args.action == "verify":
         good, bad = store.verify(repair=args.repair)
+        if args.json:
+            _print_json({"cache_dir": store.root, "exists": True, "verified": good, "repaired": bool(args.repair),
+                         "bad": [{"path": path, "why": why} for path, why in bad]})
+            return 1 if bad and not args.repair else 0
         for path, why in bad:
             print("BAD  %s: %s%s" % (path, why, " (removed)" if args.repair else ""))
         print("%s verified, %d bad" % (_count(good, "entry", "entries"), len(bad)))
@@ -135,6 +173,7 @@ def _cmd_cache(args):
         if not cache.remote.writable:
             raise PtxBackendError("cache push: the %s is read-only here "
                                   "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)
+        cache.remote.report_failures = False  # a failure is this command's error, said once below
         files, size = cache.push()
         state = cache.remote.stats().get("state", "ok")
         if state != "ok":
@@ -164,10 +203,16 @@ def _cmd_cache(args):
             return 2
         if args.action == "export":
             user.check_output(args.file, "bundle", cache_root=store.root)
-            count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
-                                         key=jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
-            print("exported %s from %s to %s (%d bytes)" % (_count(count, "entry", "entries"), store.root, args.file,
-                                                                   os.path.getsize(args.file)))
+            with _about(args.file):
+                count = bundle.export_bundle(store, args.file, include_jit=not args.no_jit, force=args.force,
+                                             key=jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)),
+                                             progress=_progress("cache export", args))
+            if args.json:
+                _print_json({"exported": count, "cache_dir": store.root, "file": args.file,
+                             "bytes": os.path.getsize(args.file)})
+            else:
+                print("exported %s from %s to %s (%d bytes)" % (_count(count, "entry", "entries"), store.root,
+                                                               args.file, os.path.getsize(args.file)))
             return 0
         _check_bundle_file(args.file)
         if jit_bundle.is_bundle(args.file):
@@ -182,10 +227,56 @@ def _cmd_cache(args):
                       jit_bundle.managed_dir(settings.cache_dir)))
         else:
             added, present = bundle.import_bundle(store, args.file,
-                                                  jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)))
-            print("imported %s into %s: %s added, %d already present (all checksums verified)"
-                  % (args.file, store.root, _count(added, "entry", "entries"), present))
+                                                  jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)),
+                                                  progress=_progress("cache import", args))
+            if args.json:
+                _print_json({"imported": args.file, "cache_dir": store.root, "added": added, "present": present})
+            else:
+                print("imported %s into %s: %s added, %d already present (all checksums verified)"
+                      % (args.file, store.root, _count(added, "entry", "entries"), present))
     return 0
+
+
+def _progress(label, args):
+    """A progress bar for a long action, on a terminal only (stderr a tty, no --json): elsewhere the
+    action's one result line is all it prints."""
+    if getattr(args, "json", False) or not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return None
+    from ..deploy.replay import Progress
+    return lambda total: Progress(total, label)
+
+
+def _print_json(document):
+    print(json.dumps(document, indent=2, sort_keys=True, default=str))
+
+
+def _print_statistics(root, found, as_json):
+    """``cache stats``: the counts kept across runs (``found``: statistics.read; ``None``: no cache)."""
+    from ..cache import statistics
+    if found is None:
+        found = dict((name, 0) for name in statistics.FIELDS)
+        found.update(compile_seconds=0.0, since=None, saved=None)
+    lookups = found["local_hits"] + found["fleet_hits"] + found["misses"]
+    # Time saved: each hit at the mean compile time this cache has seen (an estimate: kernels differ).
+    mean = found["compile_seconds"] / found["compiles"] if found["compiles"] else None
+    saved = (found["local_hits"] + found["fleet_hits"]) * mean if mean is not None else None
+    if as_json:
+        out = dict(found, cache_dir=root, hit_rate=(lookups - found["misses"]) / float(lookups) if lookups else None,
+                   time_saved_seconds=saved)
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return
+
+    def when(seconds):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "-"
+    print("statistics of %s, since %s (last saved %s)" % (root, when(found["since"]), when(found["saved"])))
+    print("  local hits      %d" % found["local_hits"])
+    print("  fleet hits      %d" % found["fleet_hits"])
+    print("  misses          %d" % found["misses"])
+    print("  hit rate        %s" % ("%.1f%%" % (100.0 * (lookups - found["misses"]) / lookups) if lookups else "-"))
+    print("  compiles        %d (%.2f s)" % (found["compiles"], found["compile_seconds"]))
+    print("  compile errors  %d" % found["compile_errors"])
+    print("  time saved      %s" % ("about %.1f s (each hit at the mean compile time here, %.3f s)" % (saved, mean)
+                                    if saved is not None else "- (no compile seen yet to estimate it from)"))
 
 
 def _print_unknown(store, unknown=None):
@@ -414,6 +505,12 @@ def _print_parallel(result):
               "serially; --jobs 1 is the serial warm-up alone.")
 
 
+def _cmd_completion(args, parser):
+    from . import completion
+    print(getattr(completion, args.shell)(parser))
+    return 0
+
+
 def _cmd_demo(args):
     from . import demo
     return demo.run(device_cc=args.device_cc, compiler=args.compiler, target=args.target)
@@ -458,12 +555,15 @@ def build_parser():
     comp.add_argument("file", help="CUDA source file")
     add_build_options(comp)
     comp.add_argument("-o", "--output", help="also write the image to this file")
+    comp.add_argument("--json", action="store_true", help="one JSON document on stdout")
     comp.epilog = "Compiler options go after --, e.g.: ptxbackend compile k.cu --target compute_75 -- -I include"
     comp.set_defaults(func=_cmd_compile)
 
     cache = sub.add_parser("cache", help="inspect or maintain the cache")
-    cache.add_argument("action", choices=("info", "list", "verify", "prune", "clear", "export", "import", "push"),
-                       help="push: upload the local entries to the fleet store (PTXBACKEND_REMOTE)")
+    cache.add_argument("action", choices=("info", "list", "stats", "verify", "prune", "clear", "export", "import",
+                                          "push"),
+                       help="stats: hits, misses and compiles kept across runs; push: upload the local entries "
+                            "to the fleet store (PTXBACKEND_REMOTE)")
     cache.add_argument("file", nargs="?", help="export/import: the bundle (a tar file)")
     cache.add_argument("--no-jit", action="store_true",
                        help="export: leave out the per-GPU JIT cubins (keep only compiler output)")
@@ -472,6 +572,9 @@ def build_parser():
                        help="import: this machine's driver JIT set (driver build, GPU model) from the fleet store")
     cache.add_argument("--cache-dir", type=_cache_dir_argument, help="cache directory (PTXBACKEND_CACHE_DIR)")
     cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
+    cache.add_argument("--zero", action="store_true", help="stats: start the statistics again from now")
+    cache.add_argument("--json", action="store_true", help="info, list, stats, verify, export, import: one JSON "
+                       "document on stdout")
     cache.add_argument("--max-size", help="prune: size limit, e.g. 500M; 0 is no limit (default "
                        "PTXBACKEND_CACHE_MAX_SIZE)")
     cache.set_defaults(func=_cmd_cache)
@@ -491,6 +594,11 @@ def build_parser():
                       help="--libs: JIT the libraries' fatbin images in N processes (default: the CPU count); "
                            "1: the library's own start does the whole JIT, serially")
     warm.set_defaults(func=_cmd_warm)
+
+    completion = sub.add_parser("completion", help="print a shell completion script: "
+                                "eval \"$(ptxbackend completion bash)\"")
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.set_defaults(func=lambda args: _cmd_completion(args, parser))
 
     demo = sub.add_parser("demo", help="compile the example kernel; on a GPU, run it and check the result")
     add_build_options(demo)
@@ -566,12 +674,73 @@ def main(argv=None):
         return 130
     except PtxBackendError as exc:
         print("ptxbackend: error: %s" % exc, file=sys.stderr)
+        _save_whole_log(exc)
         return 1
     except (IOError, OSError) as exc:
-        print("ptxbackend: error: %s" % exc, file=sys.stderr)
+        print("ptxbackend: error: %s" % _explained(exc), file=sys.stderr)
         return 1
     finally:
         sys.stdout = stdout
+
+
+#: What to do about the file-system errors a command meets most, by errno.
+_REMEDIES = {
+    errno.ENOSPC: "no space left on the file system of %s: free some, or write elsewhere",
+    errno.EDQUOT: "the disk quota is used up on the file system of %s: free some, or write elsewhere",
+    errno.EROFS: "%s is on a read-only file system: write elsewhere",
+    errno.EEXIST: "%s already exists: remove it, or choose another name",
+    errno.EACCES: "no permission to write %s: choose a place you own",
+    errno.EPERM: "not permitted to change %s: choose a place you own",
+}
+
+
+@contextlib.contextmanager
+def _about(path):
+    """A write error with no file name (a full disk fails ``write()``, not ``open()``) is about ``path``."""
+    try:
+        yield
+    except (IOError, OSError) as exc:
+        if getattr(exc, "filename", None) is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), path)
+        raise
+
+
+def _explained(exc):
+    """One line for a file-system error: the file it is about (a temporary file's destination, not the
+    temporary name), which side it is (the cache or the output) and what to do."""
+    path = getattr(exc, "filename", None)
+    if not path or exc.errno not in _REMEDIES:
+        return str(exc)
+    path = str(path)
+    directory, base = os.path.split(path)
+    if base.startswith(".") and ".tmp-" in base:
+        # write_atomic's temporary file: ".NAME.tmp-XXXX" is about NAME; ".tmp-XXXX" about its directory
+        original = base[1:base.rindex(".tmp-")]
+        path = os.path.join(directory, original) if original else directory
+    side = "the output"
+    try:
+        from ..config import load_settings
+        root = os.path.realpath(os.path.expanduser(load_settings().cache_dir))
+        if os.path.realpath(path) == root or os.path.realpath(path).startswith(root + os.sep):
+            side = "the cache"
+    except Exception:  # a setting that cannot be read is reported elsewhere; name the path alone
+        pass
+    return "%s (%s)" % (_REMEDIES[exc.errno] % path, side)
+
+
+def _save_whole_log(exc):
+    """A compiler log cut in the message (errors.LOG_HEAD): the whole of it in a private file, named."""
+    log = getattr(exc, "log", "") or ""
+    from ..errors import LOG_HEAD, LOG_TAIL
+    if len(log.splitlines()) <= LOG_HEAD + LOG_TAIL + 1:
+        return
+    try:
+        handle, path = tempfile.mkstemp(prefix="ptxbackend-compiler-log-", suffix=".txt")  # mode 0600
+        with os.fdopen(handle, "w") as out:
+            out.write(log)
+        print("ptxbackend: the whole compiler log (%d lines): %s" % (len(log.splitlines()), path), file=sys.stderr)
+    except (OSError, IOError):
+        pass
 
 
 class _OutputFailed(Exception):

@@ -9,6 +9,7 @@ from ..gpu import driver
 from ..compiling.engine import compile as compile_kernel
 from ..compiling.engine import load
 from ..compiling.targets import format_cc
+from ..errors import PtxBackendError
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "saxpy.cu")
 
@@ -19,12 +20,31 @@ def example_source():
 
 
 def run(device_cc=None, compiler=None, target=None, n=1 << 20, out=print):
-    """Compile (and on a GPU, run) the example.  Returns 0 on success, 1 on a wrong result."""
+    """Compile (and on a GPU, run) the example, by the route ``target`` picks and, when that is native
+    SASS, by the PTX route too (PTX the driver JIT-compiles: what ptxbackend exists for, the route a GPU
+    newer than the toolkit takes).  Returns 0 on success, 1 on a wrong result."""
     on_gpu = driver.available() and device_cc is None
     if not on_gpu and device_cc is None:
         device_cc = "7.5"
         out("No CUDA GPU here; building for a device of compute capability %s (--device-cc)." % device_cc)
     artifact = compile_kernel(example_source(), target=target, compiler=compiler, device_cc=device_cc)
+    status = _show(artifact, on_gpu, n, out)
+    if artifact.kind != "ptx" and target in (None, "auto") and artifact.device_cc:
+        cc = artifact.device_cc
+        out("")
+        out("The PTX route (a GPU newer than the toolkit takes it): PTX for compute_%d, JIT-compiled by the "
+            "driver at load." % cc)
+        try:
+            ptx = compile_kernel(example_source(), target="compute_%d" % cc, compiler=compiler,
+                                 device_cc=None if on_gpu else device_cc)
+        except PtxBackendError as exc:
+            out("  not shown: %s" % str(exc).splitlines()[0])
+        else:
+            status = max(status, _show(ptx, on_gpu, n, out))
+    return status
+
+
+def _show(artifact, on_gpu, n, out):
     out("target:   %s (%s)" % (artifact.target, artifact.reason))
     out("image:    %s, %d bytes, by %s" % (artifact.kind, len(artifact.image), artifact.producer))
     out("cache:    %s (%s)" % (artifact.path, "hit" if artifact.cache_hit else "miss: compiled now"))

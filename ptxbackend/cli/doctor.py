@@ -348,9 +348,21 @@ def _shown(value):
     return "(unset)" if value is None else str(value)
 
 
+def verdict(report):
+    """One line that answers "is it all right?": OK, or how many problems and warnings, and the first."""
+    problems, warnings = report.get("problems") or [], report.get("warnings") or []
+    if not problems and not warnings:
+        return "verdict: OK"
+    counts = ", ".join(part for part in (
+        "%d problem%s" % (len(problems), "" if len(problems) == 1 else "s") if problems else "",
+        "%d warning%s" % (len(warnings), "" if len(warnings) == 1 else "s") if warnings else "") if part)
+    return "verdict: %s; first: %s" % (counts, (problems or warnings)[0])
+
+
 def render(report):
-    """The report as text for a terminal."""
-    lines = ["ptxbackend %s on Python %s (%s)" % (report["ptxbackend"], report["python"], report["executable"])]
+    """The report as text for a terminal: the verdict first, then the details, then each finding again."""
+    lines = [verdict(report),
+             "ptxbackend %s on Python %s (%s)" % (report["ptxbackend"], report["python"], report["executable"])]
     if "settings" in report:
         lines.append("settings:")
         width = max(len(name) for name in report["settings"])

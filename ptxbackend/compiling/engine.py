@@ -25,7 +25,7 @@ from ..compilers import COMPILERS
 from ..compilers.base import CompilerIdentity
 from ..dependencies.reads import environment_include_dirs
 from ..config import compile_settings, configure_logging
-from ..errors import CompilerNotFoundError, TargetError
+from ..errors import CompileError, CompilerNotFoundError, TargetError
 from .record import record_request
 from ..state import state
 from ..cache.stores import open_cache, open_store, remote_problem  # noqa: F401  (kept importable from here)
@@ -139,18 +139,25 @@ def _build(store, comp, source, request, chosen, name, key, entry, reason, cc, e
     inputs = list(request.path_options.option_files)
     started = time.time()  # before the precompiled headers' check: a change after it is too new
     generation = precompiled.current() if precompiled.applies(comp, request.options, settings.nvrtc_pch) else None
-    if generation is None:
-        image = comp.compile(source, request.options, chosen, name, inputs, timeout=settings.compile_timeout,
-                             scratch=_scratch(store))
-    else:
-        ticket = precompiled.start(generation, request.options)
-        try:
-            image = comp.compile(source, request.options, chosen, name, inputs, generation.number,
-                                 timeout=settings.compile_timeout)
-        except BaseException:
-            precompiled.failed(ticket)
-            raise
-        inputs = precompiled.finish(ticket, inputs)
+    counters = getattr(store, "counters", {})
+    try:
+        if generation is None:
+            image = comp.compile(source, request.options, chosen, name, inputs, timeout=settings.compile_timeout,
+                                 scratch=_scratch(store))
+        else:
+            ticket = precompiled.start(generation, request.options)
+            try:
+                image = comp.compile(source, request.options, chosen, name, inputs, generation.number,
+                                     timeout=settings.compile_timeout)
+            except BaseException:
+                precompiled.failed(ticket)
+                raise
+            inputs = precompiled.finish(ticket, inputs)
+    except CompileError:
+        counters["compile_errors"] = counters.get("compile_errors", 0) + 1
+        raise
+    counters["compiles"] = counters.get("compiles", 0) + 1
+    counters["compile_seconds"] = counters.get("compile_seconds", 0.0) + time.time() - started
     search = comp.search_path(request.path_options, name, request.options) + list(extra_system)
     built = depsets.build(inputs, search, list(comp.identity.system_dirs) + list(extra_system),
                           request.path_options.named_dirs + environment_include_dirs(), source, started,
