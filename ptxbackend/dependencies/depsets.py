@@ -26,8 +26,10 @@ A set records:
   before finding the header elsewhere (or not at all): for each ``#include``
   and ``__has_include`` of every text read, each place earlier in its search
   order than where it was found; for each file read, the same name in every
-  search directory before its own (which covers computed includes).  The name
-  is the first missing component below the deepest existing directory.  An
+  search directory before its own (which covers computed includes), and for an
+  ``#include_next`` each directory after its includer's before where it was found.
+  The name is the whole missing path below the deepest existing directory (what
+  must stay absent is the file: an empty ``mkdir`` on the way is no change).  An
   unchanged directory stat answers at once; a changed one is answered by
   looking each name up, so unrelated files added there cost nothing.
 - ``date``: present when a text read uses ``__DATE__``; valid on that day only.
