@@ -62,7 +62,10 @@ tree_strategy = st.fixed_dictionaries({
     # follows #include_next adds it.
     "val": st.one_of(st.tuples(*[st.sampled_from(("none",) + KINDS)] * 3),
                      st.tuples(st.just("next"), st.sampled_from(KINDS), st.sampled_from(("define", "link"))),
-                     st.tuples(st.sampled_from(("none", "next")), st.just("next"), st.sampled_from(KINDS))),
+                     st.tuples(st.sampled_from(("none", "next")), st.just("next"), st.sampled_from(KINDS)),
+                     # An #include_next past an empty directory to the one that defines: the empty one
+                     # must stay so, and a header created there later is a change.
+                     st.tuples(st.just("next"), st.just("none"), st.sampled_from(("define", "link")))),
     "digits": st.tuples(*[st.integers(1, 9)] * 3),
     "extra": st.sampled_from((None,) + DIRS),
     "missing": st.sampled_from((None,) + DIRS),  # this -I directory is made only by a "mkdir" below
@@ -105,6 +108,10 @@ op_strategy = st.one_of(
     # A change (the next compile starts a new precompiled-header generation), a failing compile (the
     # first of it: its header may be the one NVRTC keeps), another change, then the fixed kernel.
     st.tuples(st.just("fail_then"), _EDIT, _EDIT),
+    # The same with the forced include as the second change: it is in every precompiled header.
+    st.tuples(st.just("fail_then"), _EDIT, st.tuples(st.just("forced"), st.integers(1, 9))),
+    # A header created in the middle -I directory, the one an #include_next passes over.
+    st.tuples(st.just("create"), st.just("I1"), st.sampled_from(("define", "link")), st.integers(1, 9)),
     # Nothing changes: the next call is a hit, where a miss would have checked the files afresh.
     st.tuples(st.just("again"),),
 )
