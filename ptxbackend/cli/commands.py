@@ -104,6 +104,7 @@ def _cmd_cache(args):
         elif args.action == "info":
             print("cache dir: %s (%s)\nentries:   0" % (where, "no ptxbackend cache in it yet: nothing compiled"
                                                           if os.path.isdir(where) else "not created yet: nothing compiled"))
+            _print_remote(load_settings(cache_dir=args.cache_dir))  # the fleet store is there all the same
         elif args.action == "verify":
             print("no cache at %s: nothing to verify" % where)
         elif args.action == "stats":
