@@ -22,6 +22,7 @@ standard library.
 """
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -384,8 +385,9 @@ def launch(script, mark, mode, arm, caches, env, args, annotate=None):
            "--kernels", str(args.kernels)]
     t = time.perf_counter()
     try:  # cwd outside every tree: the child finds ptxbackend only where it is told
-        done = subprocess.run(cmd, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True,
-                              timeout=args.child_timeout)
+        with quiet_directory() as cwd:
+            done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True,
+                                  timeout=args.child_timeout)
     except subprocess.TimeoutExpired:
         result = {"error": "timed out after %d s" % args.child_timeout, "wall_s": time.perf_counter() - t}
         annotate(result)
@@ -404,11 +406,23 @@ def launch(script, mark, mode, arm, caches, env, args, annotate=None):
     return result
 
 
+@contextlib.contextmanager
+def quiet_directory():
+    """An empty directory of its own for a child to run in: NVRTC watches its working directory, and in
+    a shared one (/tmp) other programs' files (nvcc's tmpxft_*) come and go while it compiles."""
+    path = tempfile.mkdtemp(prefix="ab-child-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def json_child(script, args, env=None, cwd=None, what="child"):
     """Run ``script ARGS`` in a fresh interpreter that prints its result as its last line of JSON; that
     result, or SystemExit with the child's last words (a package-using workload: hit, miss)."""
-    done = subprocess.run([sys.executable, os.path.abspath(script)] + list(args), capture_output=True, text=True,
-                          env=dict(os.environ, **(env or {})), cwd=cwd or tempfile.gettempdir())
+    with quiet_directory() as empty:
+        done = subprocess.run([sys.executable, os.path.abspath(script)] + list(args), capture_output=True, text=True,
+                              env=dict(os.environ, **(env or {})), cwd=cwd or empty)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         raise SystemExit("%s: rc=%d: %s" % (what, done.returncode, (done.stderr + done.stdout).strip()[-2000:]))
