@@ -345,9 +345,11 @@ def test_a_compiler_that_never_returns_is_stopped_by_the_compile_timeout(tmp_pat
 def test_ctrl_c_during_a_compile_is_one_line_and_exit_130(tmp_path, hanging_nvcc):
     env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"),
                PTXBACKEND_NVCC=hanging_nvcc)
+    # A shell starts a background job (`.ci/run &`) with SIGINT ignored, and the ignoring is inherited:
+    # Python then installs no Ctrl-C handler at all. The child must start as a terminal's job would.
     proc = subprocess.Popen([sys.executable, "-m", "ptxbackend", "compile", str(tmp_path / "k.cu"), "--device-cc",
                              "7.5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            universal_newlines=True)
+                            universal_newlines=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while not (tmp_path / "started").exists() and time.time() < deadline:
         time.sleep(0.05)
