@@ -180,6 +180,33 @@ def run_python(code, env=None, cwd=None):
     return proc.stdout.decode()
 
 
+def run_on_terminal(argv, env, cwd=None, timeout=300):
+    """Run ``python -m ptxbackend ARGV`` with stderr on a pseudo-terminal (stdout a pipe): returns the
+    process and everything it wrote to the terminal."""
+    import pty
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ptxbackend"] + list(argv), env=env, cwd=cwd,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
+                              universal_newlines=True, timeout=timeout)
+        os.close(slave)
+        slave = None
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other side is closed: all read
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return proc, b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        os.close(master)
+        if slave is not None:
+            os.close(slave)
+
+
 @pytest.fixture(scope="session")
 def hook_wheel(tmp_path_factory):
     """ptxbackend's wheel, built once for the session."""

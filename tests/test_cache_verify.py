@@ -1,13 +1,14 @@
 """`ptxbackend cache verify` checks what an entry depends on, and `--repair` mends what it reports."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, run_python
+from conftest import REPO, run_on_terminal, run_python
 
 PROGRAM = r'''
 import os, ptxbackend
@@ -87,30 +88,10 @@ def test_export_refuses_a_bundle_that_would_not_hit_and_says_which_entries(cache
 
 
 def test_import_and_export_show_progress_on_a_terminal_only(cache, tmp_path):
-    import pty
     env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(cache))
 
     def run(*argv):
-        master, slave = pty.openpty()
-        try:
-            proc = subprocess.run([sys.executable, "-m", "ptxbackend", "cache"] + list(argv), env=env,
-                                  stdout=subprocess.PIPE, stderr=slave, universal_newlines=True, timeout=120)
-            os.close(slave)
-            slave = None
-            chunks = []
-            while True:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the terminal's other side is closed: all read
-                    break
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            return proc, b"".join(chunks).decode("utf-8", "replace")
-        finally:
-            os.close(master)
-            if slave is not None:
-                os.close(slave)
+        return run_on_terminal(["cache"] + list(argv), env)
     proc, terminal = run("export", str(tmp_path / "b.tgz"))
     assert proc.returncode == 0 and "cache export [" in terminal and "exported 2 entries" in proc.stdout, terminal
     env["PTXBACKEND_CACHE_DIR"] = str(tmp_path / "other")
@@ -119,3 +100,40 @@ def test_import_and_export_show_progress_on_a_terminal_only(cache, tmp_path):
     piped = subprocess.run([sys.executable, "-m", "ptxbackend", "cache", "export", str(tmp_path / "c.tgz")], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120)
     assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+
+
+def test_verify_prune_and_warm_show_progress_on_a_terminal_only(cache, tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(cache))
+
+    def piped(*argv):
+        return subprocess.run([sys.executable, "-m", "ptxbackend"] + list(argv), env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    # verify: a running count of the entries checked, then the line ended; the result stays on stdout
+    proc, terminal = run_on_terminal(["cache", "verify"], env)
+    assert proc.returncode == 0 and "cache verify: 2 entries checked" in terminal, terminal
+    assert terminal.endswith("\n") and "2 entries verified, 0 bad" in proc.stdout
+    proc, terminal = run_on_terminal(["cache", "verify", "--json"], env)
+    assert proc.returncode == 0 and terminal == "" and json.loads(proc.stdout)["verified"] == 2, terminal
+    quiet = piped("cache", "verify")
+    assert quiet.returncode == 0 and quiet.stderr == "" and "2 entries verified" in quiet.stdout, quiet.stderr
+
+    # warm: a bar over the manifest's kernels on a terminal; piped, its result line alone
+    manifest = tmp_path / "kernels.jsonl"
+    manifest.write_text("".join(json.dumps({"source": 'extern "C" __global__ void k(float* y) { y[0] = %d; }' % i,
+                                            "options": [], "target": "compute_75", "compiler": "nvcc",
+                                            "name": "k%d.cu" % i}) + "\n" for i in range(3)))
+    proc, terminal = run_on_terminal(["warm", str(manifest), "--device-cc", "7.5"], env)
+    assert proc.returncode == 0 and "warm kernels [" in terminal and "3/3" in terminal, terminal
+    assert "3 kernels: 3 compiled" in proc.stdout
+    quiet = piped("warm", str(manifest), "--device-cc", "7.5")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout.startswith("3 kernels: 0 compiled, 3 already cached")
+    proc, terminal = run_on_terminal(["warm", str(manifest), "--device-cc", "7.5", "--json"], env)
+    assert proc.returncode == 0 and terminal == "" and json.loads(proc.stdout)["kernels"]["cached"] == 3, terminal
+
+    # prune: a bar over the entries it removes
+    proc, terminal = run_on_terminal(["cache", "prune", "--max-size", "1"], env)
+    assert proc.returncode == 0 and "cache prune [" in terminal and "5/5" in terminal, terminal
+    assert proc.stdout.startswith("removed 5 entries")
+    quiet = piped("cache", "prune", "--max-size", "1")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr

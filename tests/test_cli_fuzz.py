@@ -238,6 +238,11 @@ FLAG_CASES = [
     (["cache", "verify", "--max-size", "0"], "cache verify does not take --max-size"),
     (["warm", "{t}/m.jsonl", "--force"], "--force goes with --driver-jit-bundle"),
     (["warm", "{t}/m.jsonl", "--jobs", "2"], "--jobs goes with --libs"),
+    (["warm", "--device-cc", "7.5", "--libs", "cudnn"], "--device-cc goes with a MANIFEST or --from-fleet"),
+    (["cache", "stats", "--repair"], "cache stats does not take --repair (it goes with verify)"),
+    (["cache", "push", "--max-size", "1M"], "cache push does not take --max-size (it goes with prune)"),
+    (["cache", "clear", "--json"], "cache clear does not take --json"),
+    (["cache"], "cache needs an ACTION: info, list, stats"),
 ]
 CASES += [(argv, {}) for argv, _text in FLAG_CASES]
 SAYS.update((" ".join(argv), text) for argv, text in FLAG_CASES)
@@ -468,9 +473,14 @@ def test_bash_completion_is_made_from_the_parser_and_completes(tmp_path):
     assert complete("cache", "stats", "--ze") == ["--zero"]
     assert complete("completion", "") == ["bash", "zsh", "--help"]
     from ptxbackend.cli.commands import build_parser
-    cache_flags = [o for a in build_parser()._subparsers._group_actions[0].choices["cache"]._actions
-                   for o in a.option_strings if o.startswith("--")]
-    assert sorted(complete("cache", "--")) == sorted(cache_flags)
+    actions = build_parser()._subparsers._group_actions[0].choices["cache"]._subparsers._group_actions[0].choices
+    assert complete("cache", "") == sorted(actions) + ["--help"]
+    for action, action_parser in actions.items():  # each action completes its own flags, and only those
+        own = [o for a in action_parser._actions if a.help != "==SUPPRESS==" for o in a.option_strings
+               if o.startswith("--")]
+        assert sorted(complete("cache", action, "--")) == sorted(own), action
+    assert complete("cache", "prune", "--cache-dir", "/tmp", "--ma") == ["--max-size"]
+    assert complete("cache", "info", "--ma") == [] and complete("cache", "verify", "--re") == ["--repair"]
     zsh = _run(tmp_path, "completion", "zsh")
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef ptxbackend") and "bashcompinit" in zsh.stdout
 

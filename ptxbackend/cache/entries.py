@@ -251,17 +251,22 @@ class EntryCache(object):
                 continue
         return found
 
-    def push(self):
+    def push(self, progress=None):
         """Upload every valid local entry, JIT cubin, dependency set and producer record to the fleet
-        store (a build box seeding the fleet).  Returns ``(files, bytes)`` uploaded."""
+        store (a build box seeding the fleet).  Returns ``(files, bytes)`` uploaded.  ``progress``: the
+        caller's display, made with the number of local files and stepped per file."""
         # A seeding is meant to take long: the per-process budget is for programs that compile.
         with getattr(self.remote, "unbudgeted", contextlib.ExitStack)():
-            return self._push()
+            return self._push(progress)
 
-    def _push(self):
+    def _push(self, progress=None):
         files = size = 0
         self.push_withheld = 0
-        for name in self.local.list(""):
+        names = list(self.local.list(""))
+        meter = progress(len(names)) if progress and names else None
+        for name in names:
+            if meter is not None:
+                meter.step()
             try:
                 blob = self.local.get(name)
             except UnusableValue:

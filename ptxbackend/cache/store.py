@@ -254,12 +254,14 @@ class DirectoryStore(Store):
                 if self._is_entry(name, st):
                     yield os.path.join(self.base, relative), st.st_size, st.st_mtime
 
-    def verify(self, repair=False):
+    def verify(self, repair=False, progress=None):
         """Check every entry and what it depends on: its own bytes, the dependency set it names (there,
         ours, not writable by others, its digest, its shape) and its producer's record.  Returns
         ``(good, [(path, reason), ...])``; ``repair`` removes the bad entries (they are compiled again)
         and the damaged sets and records they named.  A file in an entry directory that ptxbackend does
-        not write is reported and left alone: it may be someone's."""
+        not write is reported and left alone: it may be someone's.  ``progress``: the caller's display,
+        made with ``None`` (the number of entries is learnt by the walk) and stepped per entry."""
+        meter = progress(None) if progress else None
         good = 0
         bad = []
         known = {}  # name of a set or record -> its problem, or None
@@ -285,6 +287,11 @@ class DirectoryStore(Store):
                             os.unlink(name, dir_fd=dir_fd)  # the directory read, wherever it is now
                         except OSError:
                             pass
+                finally:
+                    if meter is not None:
+                        meter.step()
+        if meter is not None:
+            meter.finish()
         if repair:
             for name in damaged:
                 if known.get(name) and not known[name].startswith("missing"):
@@ -334,9 +341,10 @@ class DirectoryStore(Store):
     def total_size(self):
         return sum(size for _path, size, _mtime in self.entries())
 
-    def prune(self, max_size=None):
+    def prune(self, max_size=None, progress=None):
         """Remove least-recently-used entries until the total is at most 80% of ``max_size``
-        (default: the store's; 0 means no limit, so nothing is removed).
+        (default: the store's; 0 means no limit, so nothing is removed).  ``progress``: the caller's
+        display, made with the number of entries to remove and stepped per removal.
 
         Returns ``(files_removed, bytes_removed)``.
         """
@@ -360,9 +368,20 @@ class DirectoryStore(Store):
             if not limit or total <= limit:  # 0 (or None) is no limit, as while compiling
                 return 0, 0
             goal = int(limit * 0.8)
+            meter = None
+            if progress:
+                left, count = total, 0
+                for _mtime, size, _relative in items:
+                    if left <= goal:
+                        break
+                    left -= size
+                    count += 1
+                meter = progress(count)
             for _mtime, size, relative in items:
                 if total <= goal:
                     break
+                if meter is not None:
+                    meter.step()
                 try:
                     private.unlink_beneath(base_fd, relative)
                 except OSError:

@@ -70,7 +70,7 @@ def _cmd_compile(args):
 _CACHE_FLAGS = (("no_jit", "--no-jit", ("export",)), ("force", "--force", ("export",)),
                 ("from_fleet", "--from-fleet", ("import",)), ("repair", "--repair", ("verify",)),
                 ("max_size", "--max-size", ("prune",)), ("zero", "--zero", ("stats",)),
-                ("json", "--json", ("info", "list", "stats", "verify", "export", "import")))
+                ("json", "--json", ("info", "list", "stats", "verify", "prune", "push", "export", "import")))
 
 
 def _flags_refused(command, given, table):
@@ -88,6 +88,10 @@ def _cmd_cache(args):
     from ..config import parse_size
     from ..cache.entries import EntryCache
     from ..files import user
+    if args.action is None:
+        print("ptxbackend: error: cache needs an ACTION: %s (ptxbackend cache --help says what each does)"
+              % ", ".join(name for name, _what in _CACHE_ACTIONS), file=sys.stderr)
+        return 2
     if args.file is not None and args.action not in ("export", "import"):
         print("ptxbackend: error: cache %s takes no FILE (got %r)" % (args.action, args.file), file=sys.stderr)
         return 2
@@ -99,8 +103,7 @@ def _cmd_cache(args):
         # Looking must not create: an empty report, and the directory is made by the first compile.
         where = os.path.abspath(os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir))
         if args.json and args.action != "stats":
-            _print_json({"cache_dir": where, "exists": False, "entries": [] if args.action == "list" else 0,
-                         "bad": [] if args.action == "verify" else None})
+            _print_json(_nothing_there(args.action, where, args))
         elif args.action == "info":
             print("cache dir: %s (%s)\nentries:   0" % (where, "no ptxbackend cache in it yet: nothing compiled"
                                                           if os.path.isdir(where) else "not created yet: nothing compiled"))
@@ -147,7 +150,7 @@ def _cmd_cache(args):
             print("%10d  %s  %s" % (size, time.strftime("%Y-%m-%d %H:%M", time.localtime(mtime)),
                                     os.path.relpath(path, store.root)))
     elif args.action == "verify":
-        good, bad = store.verify(repair=args.repair)
+        good, bad = store.verify(repair=args.repair, progress=_progress("cache verify", args, "entries checked"))
         if args.json:
             _print_json({"cache_dir": store.root, "exists": True, "verified": good, "repaired": bool(args.repair),
                          "bad": [{"path": path, "why": why} for path, why in bad]})
@@ -161,10 +164,16 @@ def _cmd_cache(args):
             limit = parse_size(args.max_size) if args.max_size else None
         except ValueError as exc:
             raise ConfigError("--max-size %s" % exc)
-        removed, freed = store.prune(limit)
+        removed, freed = store.prune(limit, progress=_progress("cache prune", args))
+        old_layouts = [os.path.join(store.root, name) for name in store.remove_old_layouts()]
+        if args.json:
+            _print_json({"cache_dir": store.root, "exists": True, "removed": removed, "bytes_freed": freed,
+                         "max_size": (store.max_size if limit is None else limit) or None,
+                         "old_layouts_removed": old_layouts, "unknown": list(store.unknown_items())})
+            return 0
         print("removed %s, %.2f MiB" % (_count(removed, "entry", "entries"), freed / 1048576.0))
-        for name in store.remove_old_layouts():
-            print("removed the old layout %s" % os.path.join(store.root, name))
+        for path in old_layouts:
+            print("removed the old layout %s" % path)
         _print_unknown(store)
     elif args.action == "push":
         from ..compiling.engine import open_cache
@@ -175,11 +184,15 @@ def _cmd_cache(args):
             raise PtxBackendError("cache push: the %s is read-only here "
                                   "(PTXBACKEND_REMOTE_MODE=ro)" % cache.remote.description)
         cache.remote.report_failures = False  # a failure is this command's error, said once below
-        files, size = cache.push()
+        files, size = cache.push(progress=_progress("cache push", args))
         state = cache.remote.stats().get("state", "ok")
         if state != "ok":
             why = state[len("failed: "):] if state.startswith("failed: ") else state
             raise PtxBackendError("cache push to the %s failed: %s" % (cache.remote.description, why))
+        if args.json:
+            _print_json({"cache_dir": store.root, "remote": cache.remote.description, "pushed": files,
+                         "bytes": size, "withheld": cache.push_withheld})
+            return 0
         print("pushed %d files (%.2f MiB) from %s to %s" % (files, size / 1048576.0, store.root,
                                                            cache.remote.description))
         if cache.push_withheld:
@@ -238,13 +251,26 @@ def _cmd_cache(args):
     return 0
 
 
-def _progress(label, args):
-    """A progress bar for a long action, on a terminal only (stderr a tty, no --json): elsewhere the
-    action's one result line is all it prints."""
+def _progress(label, args, unit="done"):
+    """A progress display for a long action, on a terminal only (stderr a tty, no --json): elsewhere the
+    action's result line is all it prints.  A factory of meters from the total (``None``: unknown)."""
     if getattr(args, "json", False) or not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
         return None
     from ..deploy.replay import Progress
-    return lambda total: Progress(total, label)
+    return lambda total: Progress(total, label, unit=unit)
+
+
+def _nothing_there(action, where, args):
+    """An action's JSON document where there is no cache yet: its keys, empty."""
+    document = {"cache_dir": where, "exists": False}
+    if action == "info":
+        document.update(entries=0, bytes=0, max_size=None, read_only=False, producers=[], old_layouts=[],
+                        unknown=[])
+    elif action == "list":
+        document.update(entries=[])
+    elif action == "verify":
+        document.update(verified=0, repaired=bool(args.repair), bad=[])
+    return document
 
 
 def _print_json(document):
@@ -374,7 +400,9 @@ def _cmd_warm(args):
     from ..config import load_settings
     from ..compiling.engine import open_store
     refused = ("--force goes with --driver-jit-bundle" if args.force and not args.driver_jit_bundle else
-               "--jobs goes with --libs" if args.jobs is not None and not args.libs else None)
+               "--jobs goes with --libs" if args.jobs is not None and not args.libs else
+               "--device-cc goes with a MANIFEST or --from-fleet (--libs warms the GPU of this machine)"
+               if args.device_cc is not None and not (args.manifest or args.from_fleet) else None)
     if refused:
         print("ptxbackend: error: warm: %s" % refused, file=sys.stderr)
         return 2
@@ -388,76 +416,131 @@ def _cmd_warm(args):
         from ..files import user
         user.check_output(args.driver_jit_bundle, "--driver-jit-bundle", cache_root=store.root)
     status = 0
+    # --json: what the text reports, as one document at the end (the text lines are not printed).
+    document = {"cache_dir": store.root, "from_fleet": None, "kernels": None, "libraries": None, "bundle": None}
     if args.from_fleet:
         from ..deploy import fleet_pull
         settings = load_settings(device_cc=args.device_cc)
         _fleet_store(settings, "warm --from-fleet")
         written, refused, groups = fleet_pull.pull(settings)
-        print("wrote %d files of the fleet's working set (%s) into %s%s" % (
-            written, ", ".join(groups), store.root, "; %d refused" % refused if refused else ""))
+        document["from_fleet"] = {"written": written, "refused": refused, "groups": list(groups)}
+        if not args.json:
+            print("wrote %d files of the fleet's working set (%s) into %s%s" % (
+                written, ", ".join(groups), store.root, "; %d refused" % refused if refused else ""))
     if args.manifest:
         from ..deploy.replay import replay
-        _compiled, _hits, failures = replay(args.manifest, device_cc=args.device_cc)
+        kernels = []
+        compiled, hits, failures = replay(args.manifest, device_cc=args.device_cc,
+                                          out=(lambda *_: None) if args.json else print,
+                                          progress=_progress("warm kernels", args), report=kernels)
+        from ..gpu import driver
+        document["kernels"] = {"manifest": args.manifest, "total": len(kernels), "compiled": compiled,
+                               "cached": hits, "failed": len(failures),
+                               "jit_stored": args.device_cc is None and driver.available(), "results": kernels}
         status = 1 if failures else 0
     if args.driver_jit_bundle and not args.libs:
         print("ptxbackend: error: --driver-jit-bundle packs what --libs warms: name the libraries", file=sys.stderr)
         return 2
     if args.libs:
-        from ..errors import PtxBackendError
-        from ..deploy.library_warmup import default_jobs, warm_library
-        from ..deploy.replay import Progress, save_library_results
-        jit_dir = None
-        if args.driver_jit_bundle:
-            from ..deploy import jit_bundle
-            key = jit_bundle.fleet_key(load_settings())
-            # A fresh driver cache of its own, so that the bundle holds these libraries' JIT output only.
-            jit_dir = tempfile.mkdtemp(prefix="ptxbackend-driver-jit-")
-        progress = Progress(len(names), "warm libraries")
-        results = []
-        for name in names:
-            try:
-                result = warm_library(name, jit_dir=jit_dir, jobs=args.jobs or default_jobs(), say=_say)
-            except (OSError, RuntimeError, PtxBackendError) as exc:
+        document["libraries"] = []
+        status = _warm_libraries(args, names, status, document)
+    if args.json:
+        failed = [k for k in (document["kernels"] or {}).get("results", []) if k["result"] == "failed"] + \
+            [lib for lib in document["libraries"] or [] if not lib["ok"]]
+        document.update(ok=status == 0, failed=len(failed))
+        _print_json(document)
+    return status
+
+
+def _warm_libraries(args, names, status, document):
+    """``warm --libs``: each library JIT-compiled into the driver's cache, then packed and uploaded when
+    all went well (``status``: 0 so far); each one's result appended to ``document["libraries"]``.
+    Returns the exit status (1: something failed, a library's JIT did not stick)."""
+    from ..config import load_settings
+    from ..errors import PtxBackendError
+    from ..deploy.library_warmup import default_jobs, warm_library
+    from ..deploy.replay import save_library_results
+    say = None if args.json else _say  # --json: stderr holds errors only
+    libraries = document["libraries"]
+    jit_dir = key = None
+    if args.driver_jit_bundle:
+        from ..deploy import jit_bundle
+        key = jit_bundle.fleet_key(load_settings())
+        # A fresh driver cache of its own, so that the bundle holds these libraries' JIT output only.
+        jit_dir = tempfile.mkdtemp(prefix="ptxbackend-driver-jit-")
+    make_meter = _progress("warm libraries", args)
+    progress = make_meter(len(names)) if make_meter else None
+    results = []
+    for name in names:
+        try:
+            result = warm_library(name, jit_dir=jit_dir, jobs=args.jobs or default_jobs(), say=say)
+        except (OSError, RuntimeError, PtxBackendError) as exc:
+            libraries.append({"name": name, "library": None, "ok": False, "error": str(exc)})
+            if not args.json:
                 print("  %s: FAILED: %s" % (name, exc))
-                status = 1
+            status = 1
+            if progress:
                 progress.step(name)
-                continue
-            results.append(result)
+            continue
+        results.append(result)
+        if progress:
             progress.step(name)
-            if result["parallel"]:
-                _print_parallel(result)
-            print("  %s: first process %.2f s (%s), second process %.3f s; driver JIT cache grew %.1f MiB "
-                  "(CUDA_CACHE_MAXSIZE=%s)%s" % (
-                      result["library"], result["first"]["total_s"],
-                      "after the parallel JIT" if result["parallel"] else "JIT", result["second"]["total_s"],
-                      result["jit_cache_growth_bytes"] / 1048576.0, result["cuda_cache_maxsize"],
-                      "; output sha256 %s" % result["second"]["output_sha256"][:16]
-                      if result["second"].get("output_sha256") else ""))
-            if result.get("selftest"):
-                _print_selftest(result["selftest"])
-            # What the JIT cost without a cache: the first process, plus the workers' share when they did it.
-            jit_s = result["first"]["total_s"] + (result["parallel"] or {}).get("worker_seconds_sum", 0.0)
-            second_s = result["second"]["total_s"]
-            if second_s > 0.5 * max(jit_s, 1e-9) and jit_s > 1.0 and second_s > 1.0:  # under 1 s is no JIT
-                print("  WARNING: the second process was not fast: the driver JIT cache did not keep the "
-                      "result. Check CUDA_CACHE_DISABLE, CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE "
-                      "(ptxbackend doctor).")
-                status = 1
-        save_library_results(results)
+        # What the JIT cost without a cache: the first process, plus the workers' share when they did it.
+        jit_s = result["first"]["total_s"] + (result["parallel"] or {}).get("worker_seconds_sum", 0.0)
+        second_s = result["second"]["total_s"]
+        kept = not (second_s > 0.5 * max(jit_s, 1e-9) and jit_s > 1.0 and second_s > 1.0)  # under 1 s is no JIT
+        libraries.append({
+            "name": name, "library": result["library"], "kind": result["kind"], "ok": kept,
+            "error": None if kept else "the second process was not fast: the driver JIT cache did not keep "
+                                       "the result",
+            "first_s": result["first"]["total_s"], "second_s": second_s,
+            "jit_cache_growth_bytes": result["jit_cache_growth_bytes"], "jit_cache_dir": result["jit_cache_dir"],
+            "cuda_cache_maxsize": result["cuda_cache_maxsize"],
+            "output_sha256": result["second"].get("output_sha256"), "parallel": result["parallel"],
+            "selftest": result.get("selftest")})
+        if not kept:
+            status = 1
+        if args.json:
+            continue
+        if result["parallel"]:
+            _print_parallel(result)
+        print("  %s: first process %.2f s (%s), second process %.3f s; driver JIT cache grew %.1f MiB "
+              "(CUDA_CACHE_MAXSIZE=%s)%s" % (
+                  result["library"], result["first"]["total_s"],
+                  "after the parallel JIT" if result["parallel"] else "JIT", result["second"]["total_s"],
+                  result["jit_cache_growth_bytes"] / 1048576.0, result["cuda_cache_maxsize"],
+                  "; output sha256 %s" % result["second"]["output_sha256"][:16]
+                  if result["second"].get("output_sha256") else ""))
+        if result.get("selftest"):
+            _print_selftest(result["selftest"])
+        if not kept:
+            print("  WARNING: the second process was not fast: the driver JIT cache did not keep the "
+                  "result. Check CUDA_CACHE_DISABLE, CUDA_CACHE_PATH and CUDA_CACHE_MAXSIZE "
+                  "(ptxbackend doctor).")
+    save_library_results(results)
+    try:
         if jit_dir and results and not status:
             manifest = jit_bundle.pack(jit_dir, [r["library"] for r in results], args.driver_jit_bundle,
                                       jit_bundle.this_machine(), key, force=args.force)
-            print("packed the driver JIT cache (%d files, %.1f MiB%s) into %s" % (
-                len(manifest["files"]), sum(f["size"] for f in manifest["files"]) / 1048576.0,
-                ", signed with the fleet key" if key else "", args.driver_jit_bundle))
+            packed = document["bundle"] = {
+                "file": args.driver_jit_bundle, "files": len(manifest["files"]),
+                "bytes": sum(f["size"] for f in manifest["files"]), "signed": bool(key), "uploaded_as": None}
+            if not args.json:
+                print("packed the driver JIT cache (%d files, %.1f MiB%s) into %s" % (
+                    packed["files"], packed["bytes"] / 1048576.0, ", signed with the fleet key" if key else "",
+                    args.driver_jit_bundle))
             settings = load_settings()
             if settings.remote:
                 remote = _fleet_store(settings, "uploading the driver JIT set")
                 if remote.writable:
                     name = jit_bundle.upload(remote, args.driver_jit_bundle, jit_bundle.this_machine())
                     state = remote.stats().get("state", "ok")
-                    print("uploaded it to the fleet store as %s%s" % (name, "" if state == "ok" else
-                                                                      " (FAILED: %s)" % state))
+                    packed["uploaded_as"] = name if state == "ok" else None
+                    packed["upload_error"] = None if state == "ok" else state
+                    if not args.json:
+                        print("uploaded it to the fleet store as %s%s" % (name, "" if state == "ok" else
+                                                                          " (FAILED: %s)" % state))
+    finally:
         if jit_dir:
             shutil.rmtree(jit_dir, ignore_errors=True)
     return status
@@ -535,6 +618,56 @@ def _cache_dir_argument(text):
     return text
 
 
+#: The ``cache`` actions, each with one line of what it does.
+_CACHE_ACTIONS = (
+    ("info", "where the cache is, its entries, size, producers, old layouts and the fleet store"),
+    ("list", "every entry: its size, last use and path"),
+    ("stats", "hits, misses and compiles kept across runs"),
+    ("verify", "check every entry and what it depends on (exit 1 while anything is bad)"),
+    ("prune", "remove the least recently used entries down to 80% of the size limit, and old layouts"),
+    ("clear", "remove every entry"),
+    ("export", "write the entries into a bundle FILE, for machines without a compiler"),
+    ("import", "add a bundle FILE's entries (or a driver JIT bundle) to this cache"),
+    ("push", "upload the local entries to the fleet store (PTXBACKEND_REMOTE)"))
+
+#: What each flag of _CACHE_FLAGS says in the help of the action(s) that take it.
+_CACHE_FLAG_HELP = {
+    "no_jit": ("store_true", "leave out the per-GPU JIT cubins (keep only compiler output)"),
+    "force": ("store_true", "replace an existing FILE"),
+    "from_fleet": ("store_true", "this machine's driver JIT set (driver build, GPU model) from the fleet store, "
+                                 "instead of a FILE"),
+    "repair": ("store_true", "remove the bad entries and the damaged sets and records they name"),
+    "max_size": ("store", "size limit, e.g. 500M; 0 is no limit (default PTXBACKEND_CACHE_MAX_SIZE)"),
+    "zero": ("store_true", "start the statistics again from now"),
+    "json": ("store_true", "one JSON document on stdout (docs/usage.md lists the keys)"),
+}
+
+
+def _add_cache_actions(cache):
+    """One sub-parser per ``cache`` action, with that action's own flags in its help.  The flags of the
+    other actions are parsed too, unlisted, so that one given to the wrong action is refused in one line
+    naming the action(s) it goes with (_flags_refused), not as an unknown flag."""
+    actions = cache.add_subparsers(dest="action", metavar="ACTION", help="one of the actions below")
+    lines = []
+    for action, what in _CACHE_ACTIONS:
+        p = actions.add_parser(action, description="ptxbackend cache %s: %s." % (action, what))
+        takes_file = action in ("export", "import")
+        p.add_argument("file", nargs="?", metavar="FILE",
+                       help="the bundle (a gzip-compressed tar file)" if takes_file else argparse.SUPPRESS)
+        p.add_argument("--cache-dir", type=_cache_dir_argument, metavar="DIR",
+                       help="cache directory (PTXBACKEND_CACHE_DIR)")
+        for dest, flag, owners in _CACHE_FLAGS:
+            kind, text = _CACHE_FLAG_HELP[dest]
+            extra = {"metavar": "SIZE"} if kind == "store" else {}
+            p.add_argument(flag, dest=dest, action=kind, help=text if action in owners else argparse.SUPPRESS,
+                           **extra)
+        p.set_defaults(func=_cmd_cache)
+        usage = " ".join(p.format_usage().split()[1:]).replace("[-h] ", "").replace("[-h]", "")
+        lines.append("  %-7s %s\n          %s" % (action, what, usage[len(p.prog) + 1:] or "(no flags)"))
+    cache.epilog = "each action, what it does and its flags:\n" + "\n".join(lines)
+    cache.set_defaults(func=_cmd_cache, action=None)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="ptxbackend",
@@ -560,40 +693,36 @@ def build_parser():
     comp.epilog = "Compiler options go after --, e.g.: ptxbackend compile k.cu --target compute_75 -- -I include"
     comp.set_defaults(func=_cmd_compile)
 
-    cache = sub.add_parser("cache", help="inspect or maintain the cache")
-    cache.add_argument("action", choices=("info", "list", "stats", "verify", "prune", "clear", "export", "import",
-                                          "push"),
-                       help="stats: hits, misses and compiles kept across runs; push: upload the local entries "
-                            "to the fleet store (PTXBACKEND_REMOTE)")
-    cache.add_argument("file", nargs="?", help="export/import: the bundle (a tar file)")
-    cache.add_argument("--no-jit", action="store_true",
-                       help="export: leave out the per-GPU JIT cubins (keep only compiler output)")
-    cache.add_argument("--force", action="store_true", help="export: replace an existing FILE")
-    cache.add_argument("--from-fleet", action="store_true",
-                       help="import: this machine's driver JIT set (driver build, GPU model) from the fleet store")
-    cache.add_argument("--cache-dir", type=_cache_dir_argument, help="cache directory (PTXBACKEND_CACHE_DIR)")
-    cache.add_argument("--repair", action="store_true", help="verify: remove bad entries")
-    cache.add_argument("--zero", action="store_true", help="stats: start the statistics again from now")
-    cache.add_argument("--json", action="store_true", help="info, list, stats, verify, export, import: one JSON "
-                       "document on stdout")
-    cache.add_argument("--max-size", help="prune: size limit, e.g. 500M; 0 is no limit (default "
-                       "PTXBACKEND_CACHE_MAX_SIZE)")
-    cache.set_defaults(func=_cmd_cache)
+    cache = sub.add_parser("cache", help="inspect or maintain the cache",
+                           description="Inspect or maintain the cache. `ptxbackend cache ACTION --help` shows "
+                                       "one action's flags.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_cache_actions(cache)
 
-    warm = sub.add_parser("warm", help="at deployment: compile and JIT recorded kernels, pre-JIT CUDA libraries")
-    warm.add_argument("manifest", nargs="?", help="kernel manifest written with PTXBACKEND_RECORD=FILE")
-    warm.add_argument("--libs", help="comma list of libraries to pre-JIT: cudnn, cublas, curand or paths")
-    warm.add_argument("--device-cc", help="compile for another GPU (no JIT step), e.g. 7.5")
-    warm.add_argument("--from-fleet", action="store_true",
-                      help="fill the local cache with the fleet store's working set for this machine's "
-                           "compiler, target and GPU (one round trip)")
-    warm.add_argument("--driver-jit-bundle", metavar="FILE",
-                      help="with --libs: warm into a fresh driver JIT cache and pack it into FILE, for "
-                           "`ptxbackend cache import FILE` on machines with the same driver and GPU")
-    warm.add_argument("--force", action="store_true", help="--driver-jit-bundle: replace an existing FILE")
-    warm.add_argument("--jobs", type=_jobs, default=None, metavar="N",
-                      help="--libs: JIT the libraries' fatbin images in N processes (default: the CPU count); "
-                           "1: the library's own start does the whole JIT, serially")
+    warm = sub.add_parser("warm", help="at deployment: compile and JIT recorded kernels, pre-JIT CUDA libraries",
+                          description="At deployment: compile (and on a GPU, JIT) the kernels a MANIFEST "
+                                      "recorded, fill the cache from the fleet store, and/or pre-JIT CUDA "
+                                      "libraries (--libs), so that the program's start compiles nothing. Give "
+                                      "a MANIFEST, --from-fleet, --libs, or several.")
+    warm.add_argument("manifest", nargs="?", metavar="MANIFEST",
+                      help="kernel manifest written with PTXBACKEND_RECORD=FILE ('-': standard input)")
+    warm.add_argument("--json", action="store_true", help="one JSON document on stdout: each kernel's and "
+                      "library's result, the counts and failures")
+    kernels = warm.add_argument_group("with a MANIFEST or --from-fleet (the kernels)")
+    kernels.add_argument("--from-fleet", action="store_true",
+                         help="fill the local cache with the fleet store's working set for this machine's "
+                              "compiler, target and GPU (one round trip)")
+    kernels.add_argument("--device-cc", metavar="X.Y",
+                         help="compile for another GPU (no JIT step), e.g. 7.5")
+    libraries = warm.add_argument_group("with --libs (the CUDA libraries' driver JIT)")
+    libraries.add_argument("--libs", help="comma list of libraries to pre-JIT: cudnn, cublas, curand or paths")
+    libraries.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                           help="JIT the libraries' fatbin images in N processes (default: the CPU count); "
+                                "1: the library's own start does the whole JIT, serially")
+    libraries.add_argument("--driver-jit-bundle", metavar="FILE",
+                           help="warm into a fresh driver JIT cache and pack it into FILE, for "
+                                "`ptxbackend cache import FILE` on machines with the same driver and GPU")
+    libraries.add_argument("--force", action="store_true", help="with --driver-jit-bundle: replace an existing "
+                                                                "FILE")
     warm.set_defaults(func=_cmd_warm)
 
     completion = sub.add_parser("completion", help="print a shell completion script: "

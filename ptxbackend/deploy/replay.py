@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 from ..compilers.grammar import option_problem
 from ..compilers.options import read_path_options
@@ -129,33 +130,65 @@ def _working_directory(path):
 
 
 class Progress(object):
-    """A one-line progress bar on stderr when it is a terminal, else a line every 10%."""
+    """A one-line progress display on a terminal: a bar when the total is known, a running count when it
+    is not (``total`` None: a walk that learns its size as it goes).  Redrawn at most ten times a
+    second, so that a hundred thousand small steps do not cost a hundred thousand terminal writes.
+    Not on a terminal (a log, a pipe), it prints a line every 10% of a known total and nothing else."""
 
-    def __init__(self, total, label, stream=None):
-        self.total = max(total, 1)
+    def __init__(self, total, label, stream=None, unit="done"):
+        self.total = None if total is None else max(total, 1)
         self.label = label
+        self.unit = unit
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.done = 0
         self._last_decile = -1
+        self._drawn = 0.0
+        self._ended = False
 
     def step(self, note=""):
         self.done += 1
-        fraction = self.done / float(self.total)
+        if self.total is not None and self.done > self.total:
+            self.total = self.done  # the tree grew while it was walked
+        last = self.total is not None and self.done == self.total
         if self.tty:
-            bar = "#" * int(fraction * 30)
-            self.stream.write("\r%s [%-30s] %d/%d %s" % (self.label, bar, self.done, self.total, note[:40]))
-            if self.done == self.total:
-                self.stream.write("\n")
-        elif int(fraction * 10) != self._last_decile:
-            self._last_decile = int(fraction * 10)
+            now = time.time()
+            if last or now - self._drawn >= 0.1:
+                self._drawn = now
+                self._draw(note)
+                if last:
+                    self._end()
+        elif self.total is not None and int(self.done * 10 / self.total) != self._last_decile:
+            self._last_decile = int(self.done * 10 / self.total)
             self.stream.write("%s: %d/%d\n" % (self.label, self.done, self.total))
+            self.stream.flush()
+
+    def finish(self):
+        """The last state drawn and the line ended (a running count has no last step of its own)."""
+        if self.tty and not self._ended and self.done:
+            self._draw("")
+            self._end()
+
+    def _draw(self, note):
+        if self.total is None:
+            self.stream.write("\r%s: %d %s %s" % (self.label, self.done, self.unit, note[:40]))
+        else:
+            bar = "#" * int(self.done * 30 / self.total)
+            self.stream.write("\r%s [%-30s] %d/%d %s" % (self.label, bar, self.done, self.total, note[:40]))
+        self.stream.flush()
+
+    def _end(self):
+        self._ended = True
+        self.stream.write("\n")
         self.stream.flush()
 
 
-def replay(path, device_cc=None, out=print):
+def replay(path, device_cc=None, out=print, progress=None, report=None):
     """Compile every request of the manifest and, on a GPU, store its JIT cubin.
 
+    ``progress``: makes a meter from the number of requests (the command line's terminal display), or
+    ``None``; ``report``: a list that gets one dict per request (``name``, ``key``, ``target``,
+    ``compiler``, ``result``: compiled, cached or failed, ``error``).
     Returns ``(compiled, hits, failures)``.
     """
     from ..gpu import driver
@@ -164,10 +197,11 @@ def replay(path, device_cc=None, out=print):
     from ..errors import PtxBackendError
     requests = read_manifest(path)
     on_gpu = device_cc is None and driver.available()
-    progress = Progress(len(requests), "warm kernels")
+    meter = progress(len(requests)) if progress and requests else None
     compiled = hits = 0
     failures = []
     for item in requests:
+        result, error = "failed", None
         try:
             with _working_directory(item.get("cwd")):
                 artifact = compile_kernel(item["source"], item["options"], target=item["target"],
@@ -177,11 +211,20 @@ def replay(path, device_cc=None, out=print):
                 hits += 1
             else:
                 compiled += 1
+            result = "cached" if artifact.cache_hit else "compiled"
             if on_gpu:
                 load(artifact).unload()
         except PtxBackendError as exc:
-            failures.append(((item.get("key") or "?")[:12], str(exc).splitlines()[0]))
-        progress.step(item.get("name") or "")
+            error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            failures.append(((item.get("key") or "?")[:12], error))
+            if result != "failed":  # compiled, then refused by the driver
+                compiled, hits = (compiled - 1, hits) if result == "compiled" else (compiled, hits - 1)
+                result = "failed"
+        if report is not None:
+            report.append({"name": item.get("name"), "key": item.get("key"), "target": item["target"],
+                           "compiler": item.get("compiler"), "result": result, "error": error})
+        if meter is not None:
+            meter.step(item.get("name") or "")
     out("%d kernels: %d compiled, %d already cached, %d failed%s" % (
         len(requests), compiled, hits, len(failures), "; JIT cubins stored for this GPU" if on_gpu else ""))
     for key, message in failures:

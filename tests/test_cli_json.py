@@ -1,0 +1,147 @@
+"""`--json` on the commands that report (one JSON document on stdout, the exit code unchanged), and the
+progress a long command shows on a terminal."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO, run_on_terminal
+
+KERNEL = 'extern "C" __global__ void k(float* y) { y[0] = %d; }\n'
+
+
+def _run(env, *argv):
+    return subprocess.run([sys.executable, "-m", "ptxbackend"] + list(argv), env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+
+
+def _env(tmp_path, **changes):
+    env = dict(os.environ, PYTHONPATH=REPO, PTXBACKEND_CACHE_DIR=str(tmp_path / "cache"))
+    env.update(changes)
+    return env
+
+
+def _manifest(tmp_path, sources):
+    path = tmp_path / "kernels.jsonl"
+    path.write_text("".join(json.dumps({"source": source, "options": [], "target": "compute_75",
+                                        "compiler": "nvcc", "name": "k%d.cu" % i}) + "\n"
+                            for i, source in enumerate(sources)))
+    return str(path)
+
+
+def test_warm_json_gives_each_kernel_and_library_and_keeps_the_exit_code(tmp_path, nvcc13):
+    env = _env(tmp_path)
+    manifest = _manifest(tmp_path, [KERNEL % 1, KERNEL % 2, 'extern "C" __global__ void k() { nope }\n'])
+    proc = _run(env, "warm", manifest, "--device-cc", "7.5", "--json")
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr  # a failed kernel: exit 1, as in text
+    found = json.loads(proc.stdout)
+    kernels = found["kernels"]
+    assert (kernels["total"], kernels["compiled"], kernels["cached"], kernels["failed"]) == (3, 2, 0, 1), kernels
+    assert [k["result"] for k in kernels["results"]] == ["compiled", "compiled", "failed"]
+    assert [k["name"] for k in kernels["results"]] == ["k0.cu", "k1.cu", "k2.cu"]
+    assert "k2.cu" in kernels["results"][2]["error"] and kernels["results"][0]["error"] is None
+    assert found["ok"] is False and found["failed"] == 1 and found["libraries"] is None
+    assert found["cache_dir"] == str(tmp_path / "cache") and kernels["jit_stored"] is False
+
+    good = _manifest(tmp_path, [KERNEL % 1, KERNEL % 2])
+    proc = _run(env, "warm", good, "--device-cc", "7.5", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["kernels"]["cached"] == 2 and json.loads(
+        proc.stdout)["ok"] is True, proc.stdout
+
+    # a library that cannot be warmed is a result of its own, and the manifest's results are still there
+    proc = _run(env, "warm", good, "--device-cc", "7.5", "--libs", "/etc/passwd", "--json")
+    assert proc.returncode == 1, proc.stderr
+    found = json.loads(proc.stdout)
+    library, = found["libraries"]
+    assert library["name"] == "/etc/passwd" and library["ok"] is False and "not an ELF file" in library["error"]
+    assert found["kernels"]["cached"] == 2 and found["failed"] == 1 and found["ok"] is False
+
+
+def test_prune_json_says_what_was_removed_and_the_bytes_freed(tmp_path, nvcc13):
+    env = _env(tmp_path)
+    assert _run(env, "warm", _manifest(tmp_path, [KERNEL % i for i in range(3)]), "--device-cc", "7.5").returncode == 0
+    listed = json.loads(_run(env, "cache", "list", "--json").stdout)["entries"]
+    proc = _run(env, "cache", "prune", "--json")  # the default limit: nothing to remove
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert (found["removed"], found["bytes_freed"], found["max_size"]) == (0, 0, 1 << 30), found
+    old = tmp_path / "cache" / "v1" / "nvcc-11.2.152" / "compute_86" / "ab"
+    old.mkdir(parents=True)
+    (old / ("ab" * 32 + ".ptx")).write_bytes(b"PTXB\x01\x00 an entry of schema 1")
+    found = json.loads(_run(env, "cache", "prune", "--max-size", "1", "--json").stdout)
+    assert found["removed"] == len(listed) and found["bytes_freed"] == sum(e["bytes"] for e in listed), found
+    assert found["max_size"] == 1 and found["old_layouts_removed"] == [str(tmp_path / "cache" / "v1")]
+    assert found["unknown"] == [] and found["cache_dir"] == str(tmp_path / "cache")
+
+
+def test_json_where_there_is_no_cache_has_the_keys_of_a_cache(tmp_path):
+    env = _env(tmp_path, PTXBACKEND_CACHE_DIR=str(tmp_path / "none"))
+    verify = json.loads(_run(env, "cache", "verify", "--json").stdout)
+    assert verify == {"cache_dir": str(tmp_path / "none"), "exists": False, "verified": 0, "repaired": False,
+                      "bad": []}
+    info = json.loads(_run(env, "cache", "info", "--json").stdout)
+    assert info["entries"] == 0 and info["bytes"] == 0 and info["producers"] == [] and "bad" not in info
+    listed = json.loads(_run(env, "cache", "list", "--json").stdout)
+    assert listed == {"cache_dir": str(tmp_path / "none"), "exists": False, "entries": []}
+    assert not (tmp_path / "none").exists()
+
+
+def _fleet(valkey, tmp_path):
+    key = tmp_path / "fleet.key"
+    key.write_bytes(os.urandom(32).hex().encode())
+    os.chmod(str(key), 0o600)
+    return _env(tmp_path, PTXBACKEND_REMOTE=valkey.url, PTXBACKEND_REMOTE_KEY_FILE=str(key),
+                PTXBACKEND_REMOTE_NAMESPACE="cli-json-%s" % tmp_path.name, PTXBACKEND_REMOTE_TIMEOUT="5")
+
+
+def test_push_json_and_its_progress_on_a_terminal(valkey, tmp_path, nvcc13):
+    env = _fleet(valkey, tmp_path)
+    offline = dict(env)
+    del offline["PTXBACKEND_REMOTE"]
+    assert _run(offline, "warm", _manifest(tmp_path, [KERNEL % i for i in range(3)]),
+                "--device-cc", "7.5").returncode == 0
+    proc = _run(env, "cache", "push", "--json")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    found = json.loads(proc.stdout)
+    # three entries, their dependency sets' and producer's files: all of it, counted once each
+    assert found["pushed"] >= 4 and found["bytes"] > 0 and found["withheld"] == 0, found
+    assert found["cache_dir"] == str(tmp_path / "cache") and "fleet store" in found["remote"]
+    proc, terminal = run_on_terminal(["cache", "push"], env)
+    assert proc.returncode == 0 and "cache push [" in terminal and "%d/" % found["pushed"] in terminal, terminal
+    assert proc.stdout.startswith("pushed %d files" % found["pushed"])
+    quiet = _run(env, "cache", "push")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def _help(*argv):
+    proc = _run(dict(os.environ, PYTHONPATH=REPO), *(list(argv) + ["--help"]))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    return proc.stdout
+
+
+def test_cache_help_lists_each_action_with_its_own_flags_and_an_action_help_only_its_own():
+    from ptxbackend.cli.commands import _CACHE_ACTIONS, _CACHE_FLAGS
+    whole = _help("cache")
+    listing = whole[whole.index("each action, what it does and its flags:"):].splitlines()[1:]
+    for action, what in _CACHE_ACTIONS:
+        row = [i for i, line in enumerate(listing) if line.split()[:1] == [action]]
+        assert len(row) == 1 and what in listing[row[0]], (action, whole)
+        flags = listing[row[0] + 1]
+        own = _help("cache", action)
+        for _dest, flag, owners in _CACHE_FLAGS:
+            # in the listing and in the action's own help exactly when the action takes it
+            assert (flag in flags) == (action in owners), (action, flag, flags)
+            assert (flag in own) == (action in owners), (action, flag, own)
+        assert "--cache-dir" in flags and "--cache-dir" in own
+        assert ("FILE" in own) == (action in ("export", "import")), own
+
+
+def test_warm_help_says_which_flags_go_with_a_manifest_and_which_with_libs():
+    text = _help("warm")
+    kernels = text[text.index("with a MANIFEST or --from-fleet"):text.index("with --libs")]
+    libraries = text[text.index("with --libs"):]
+    assert "--device-cc" in kernels and "--from-fleet" in kernels and "--jobs" not in kernels
+    for flag in ("--jobs", "--driver-jit-bundle", "--force"):
+        assert flag in libraries, flag
+    assert "--device-cc" not in libraries
