@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO, run_on_terminal
+import pytest
+
+from conftest import REPO, requires_gpu, run_on_terminal
 
 KERNEL = 'extern "C" __global__ void k(float* y) { y[0] = %d; }\n'
 
@@ -145,3 +147,71 @@ def test_warm_help_says_which_flags_go_with_a_manifest_and_which_with_libs():
     for flag in ("--jobs", "--driver-jit-bundle", "--force"):
         assert flag in libraries, flag
     assert "--device-cc" not in libraries
+
+
+def test_prune_and_clear_where_there_is_no_cache_make_none(tmp_path):
+    env = _env(tmp_path, PTXBACKEND_CACHE_DIR=str(tmp_path / "none"))
+    for action in ("prune", "clear"):
+        proc = _run(env, "cache", action)
+        assert proc.returncode == 0 and "nothing to %s" % action in proc.stdout, proc.stdout + proc.stderr
+    found = json.loads(_run(env, "cache", "prune", "--json").stdout)
+    assert found["exists"] is False and found["removed"] == 0 and found["bytes_freed"] == 0
+    assert not (tmp_path / "none").exists()
+    (tmp_path / "notes").mkdir()  # a directory of other things is no cache: tidying it makes no v4/ in it
+    env["PTXBACKEND_CACHE_DIR"] = str(tmp_path / "notes")
+    assert _run(env, "cache", "clear").returncode == 0 and os.listdir(str(tmp_path / "notes")) == []
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_import_json_of_a_driver_jit_bundle(tmp_path):
+    from ptxbackend.deploy import jit_bundle
+    jit = tmp_path / "ComputeCache"
+    (jit / "a" / "3").mkdir(parents=True)
+    (jit / "index").write_bytes(b"index" * 100)
+    (jit / "a" / "3" / "c0ffee").write_bytes(os.urandom(5000))
+    lib = tmp_path / "libcurand.so.10"
+    lib.write_bytes(b"\x7fELF library" * 100)
+    jit_bundle.pack(str(jit), [str(lib)], str(tmp_path / "jit.tgz"), jit_bundle.this_machine())
+    proc = _run(_env(tmp_path), "cache", "import", str(tmp_path / "jit.tgz"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["imported"] == str(tmp_path / "jit.tgz") and found["added"] is None
+    assert found["driver_jit"]["libraries"] == ["libcurand.so.10"] and found["driver_jit"]["files"] == 2
+    assert found["driver_jit"]["bytes"] == 5500 and found["driver_jit"]["into"].startswith(str(tmp_path / "cache"))
+
+
+def _commands():
+    """``{"doctor": parser, ..., "cache info": parser, ...}`` of the program's own parser."""
+    from ptxbackend.cli.commands import build_parser
+    found = {}
+    for name, sub in build_parser()._subparsers._group_actions[0].choices.items():
+        if sub._subparsers is None:
+            found[name] = sub
+        else:
+            for action, action_parser in sub._subparsers._group_actions[0].choices.items():
+                found["%s %s" % (name, action)] = action_parser
+    return found
+
+
+def _table_rows(text, heading):
+    section = text[text.index(heading):]
+    section = section[:section.index("\n## ", 1)]
+    return [line for line in section.splitlines() if line.startswith("| `")]
+
+
+def test_usage_documents_every_json_command_and_every_commands_exit_codes():
+    with open(os.path.join(REPO, "docs", "usage.md")) as handle:
+        text = handle.read()
+    json_rows = [row.split("|")[1] for row in _table_rows(text, "## Machine-readable output")]
+    exit_rows = [row.split("|")[1] for row in _table_rows(text, "## Exit codes of the `ptxbackend` command")]
+
+    def named(command, rows):
+        # "`cache prune`, `clear`" names cache prune and cache clear
+        words = command.split()
+        return [row for row in rows if "`%s`" % command in row or len(words) == 2 and row.strip().startswith(
+            "`%s " % words[0]) and "`%s`" % words[1] in row]
+    for command, parser in sorted(_commands().items()):
+        takes_json = any("--json" in a.option_strings and a.help != "==SUPPRESS==" for a in parser._actions)
+        assert len(named(command, json_rows)) == (1 if takes_json else 0), command
+        assert len(named(command, exit_rows)) == 1, command

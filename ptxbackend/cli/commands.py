@@ -99,8 +99,15 @@ def _cmd_cache(args):
     if refused:
         print("ptxbackend: error: cache %s" % refused, file=sys.stderr)
         return 2
-    if args.action in ("info", "list", "verify", "stats") and not _cache_exists(load_settings(cache_dir=args.cache_dir)):
-        # Looking must not create: an empty report, and the directory is made by the first compile.
+    limit = None
+    if args.max_size:
+        try:
+            limit = parse_size(args.max_size)
+        except ValueError as exc:
+            raise ConfigError("--max-size %s" % exc)
+    if args.action in ("info", "list", "verify", "stats", "prune", "clear") and \
+            not _cache_exists(load_settings(cache_dir=args.cache_dir)):
+        # Looking, or tidying nothing, must not create: the directory is made by the first compile.
         where = os.path.abspath(os.path.expanduser(load_settings(cache_dir=args.cache_dir).cache_dir))
         if args.json and args.action != "stats":
             _print_json(_nothing_there(args.action, where, args))
@@ -108,8 +115,8 @@ def _cmd_cache(args):
             print("cache dir: %s (%s)\nentries:   0" % (where, "no ptxbackend cache in it yet: nothing compiled"
                                                           if os.path.isdir(where) else "not created yet: nothing compiled"))
             _print_remote(load_settings(cache_dir=args.cache_dir))  # the fleet store is there all the same
-        elif args.action == "verify":
-            print("no cache at %s: nothing to verify" % where)
+        elif args.action in ("verify", "prune", "clear"):
+            print("no cache at %s: nothing to %s" % (where, args.action))
         elif args.action == "stats":
             _print_statistics(where, None, args.json)
         return 0
@@ -160,10 +167,6 @@ def _cmd_cache(args):
         print("%s verified, %d bad" % (_count(good, "entry", "entries"), len(bad)))
         return 1 if bad and not args.repair else 0
     elif args.action == "prune":
-        try:
-            limit = parse_size(args.max_size) if args.max_size else None
-        except ValueError as exc:
-            raise ConfigError("--max-size %s" % exc)
         removed, freed = store.prune(limit, progress=_progress("cache prune", args))
         old_layouts = [os.path.join(store.root, name) for name in store.remove_old_layouts()]
         if args.json:
@@ -211,7 +214,7 @@ def _cmd_cache(args):
             if args.action != "import" or args.file:
                 print("ptxbackend: error: --from-fleet goes with `cache import` and no FILE", file=sys.stderr)
                 return 2
-            return _import_from_fleet(load_settings(cache_dir=args.cache_dir))
+            return _import_from_fleet(load_settings(cache_dir=args.cache_dir), args.json, store.root)
         if not args.file:
             print("ptxbackend: error: cache %s needs a FILE" % args.action, file=sys.stderr)
             return 2
@@ -233,6 +236,10 @@ def _cmd_cache(args):
             settings = load_settings(cache_dir=args.cache_dir)
             manifest = jit_bundle.install(args.file, settings.cache_dir, jit_bundle.this_machine(),
                                          jit_bundle.fleet_key(settings))
+            if args.json:
+                _print_json({"imported": args.file, "cache_dir": store.root, "added": None, "present": None,
+                             "driver_jit": _driver_jit_summary(manifest, settings)})
+                return 0
             print("imported the driver JIT cache of %s (driver %s; %s; %d files, %.1f MiB) into %s; new "
                   "processes use it unless CUDA_CACHE_PATH is set" % (
                       ", ".join(lib["name"] for lib in manifest["libraries"]) or "-", manifest["driver"]["build"],
@@ -270,6 +277,8 @@ def _nothing_there(action, where, args):
         document.update(entries=[])
     elif action == "verify":
         document.update(verified=0, repaired=bool(args.repair), bad=[])
+    elif action == "prune":
+        document.update(removed=0, bytes_freed=0, max_size=None, old_layouts_removed=[], unknown=[])
     return document
 
 
@@ -348,7 +357,15 @@ def _fleet_store(settings, what):
     return remote
 
 
-def _import_from_fleet(settings):
+def _driver_jit_summary(manifest, settings):
+    """``--json``'s ``driver_jit`` of an imported driver JIT set: what it holds and where it went."""
+    from ..deploy import jit_bundle
+    return {"libraries": [lib["name"] for lib in manifest["libraries"]], "driver": manifest["driver"]["build"],
+            "gpus": [g["name"] for g in manifest["gpus"]], "files": len(manifest["files"]),
+            "bytes": sum(f["size"] for f in manifest["files"]), "into": jit_bundle.managed_dir(settings.cache_dir)}
+
+
+def _import_from_fleet(settings, as_json=False, root=None):
     """`cache import --from-fleet`: this machine's driver-JIT set from the fleet store, verified as a file."""
     from ..deploy import jit_bundle
     remote = _fleet_store(settings, "cache import --from-fleet")
@@ -360,6 +377,10 @@ def _import_from_fleet(settings):
         manifest = jit_bundle.install(path, settings.cache_dir, machine, jit_bundle.fleet_key(settings))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if as_json:
+        _print_json({"imported": name, "cache_dir": root, "added": None, "present": None,
+                     "driver_jit": _driver_jit_summary(manifest, settings)})
+        return 0
     print("imported the driver JIT cache of %s from the fleet store (%s) into %s" % (
         ", ".join(lib["name"] for lib in manifest["libraries"]) or "-", name,
         jit_bundle.managed_dir(settings.cache_dir)))
