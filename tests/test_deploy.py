@@ -12,7 +12,7 @@ import ptxbackend
 from ptxbackend.cache import SCHEMA_VERSION, DirectoryStore, bundle, entry
 from ptxbackend.cache.store import LAYOUT
 from ptxbackend.errors import CacheError, CompilerNotFoundError
-from conftest import HIDE_NVRTC, REPO, SAXPY, count_calls, hide_nvrtc, run_python
+from conftest import HIDE_NVRTC, REPO, SAXPY, count_calls, hide_nvrtc, hide_toolkit, no_toolkit_env, run_python
 
 
 def kernel(i):
@@ -55,8 +55,7 @@ def test_export_import_serves_a_machine_without_any_compiler(nvcc13, tmp_path):
     code = (HIDE_NVRTC + "import ptxbackend\nfor i in range(4):\n"
             "    a = ptxbackend.compile(%r.replace('saxpy', 'saxpy_%%d' %% i), device_cc='7.5')\n"
             "    print(a.cache_hit, a.producer)" % SAXPY)
-    env = {"PTXBACKEND_CACHE_DIR": line_pc, "PATH": str(tmp_path / "nothing"), "CUDA_PATH": "",
-           "CUDA_HOME": ""}
+    env = dict(no_toolkit_env(tmp_path), PTXBACKEND_CACHE_DIR=line_pc)
     out = run_python(code, env).split()
     assert out[0::2] == ["True"] * 4 and out[1].startswith("nvcc-13")
 
@@ -110,9 +109,7 @@ def test_cli_export_import_and_warm(nvcc13, tmp_path):
 
 
 def test_compile_without_compiler_or_cache_entry_says_so(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
+    hide_toolkit(monkeypatch, tmp_path)
     hide_nvrtc(monkeypatch)
     with pytest.raises(CompilerNotFoundError) as info:
         ptxbackend.compile(SAXPY, device_cc="7.5")
