@@ -151,6 +151,21 @@ HIDE_NVRTC = ("import os, sys, filelock, platformdirs; "
               "sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or '.', 'nvidia'))]; ")
 
 
+def no_toolkit_env(tmp_path):
+    """Variables for a child that runs as a machine with no CUDA toolkit: nothing on PATH, and
+    CUDA_PATH naming an empty directory (nvcc searches /usr/local/cuda only when neither CUDA_PATH
+    nor CUDA_HOME names a toolkit, and this machine has one there)."""
+    empty = tmp_path / "no-toolkit"
+    empty.mkdir(exist_ok=True)
+    return {"PATH": str(empty), "CUDA_PATH": str(empty), "CUDA_HOME": ""}
+
+
+def hide_toolkit(monkeypatch, tmp_path):
+    """This process, from now on, as a machine with no CUDA toolkit (see :func:`no_toolkit_env`)."""
+    for name, value in no_toolkit_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+
+
 def hide_nvrtc(monkeypatch):
     """This process, from now on, as a machine with no NVRTC wheel."""
     import filelock  # noqa: F401  (imported while site-packages is still on sys.path)

@@ -12,7 +12,8 @@ import ptxbackend
 from ptxbackend.cache import SCHEMA_VERSION, DirectoryStore, bundle, entry
 from ptxbackend.cache.store import LAYOUT
 from ptxbackend.errors import CacheError, CompilerNotFoundError
-from conftest import HIDE_NVRTC, REPO, SAXPY, count_calls, hide_nvrtc, run_python
+from conftest import (HIDE_NVRTC, REPO, SAXPY, count_calls, hide_nvrtc, hide_toolkit, no_toolkit_env, requires_gpu,
+                      run_python)
 
 
 def kernel(i):
@@ -55,10 +56,77 @@ def test_export_import_serves_a_machine_without_any_compiler(nvcc13, tmp_path):
     code = (HIDE_NVRTC + "import ptxbackend\nfor i in range(4):\n"
             "    a = ptxbackend.compile(%r.replace('saxpy', 'saxpy_%%d' %% i), device_cc='7.5')\n"
             "    print(a.cache_hit, a.producer)" % SAXPY)
-    env = {"PTXBACKEND_CACHE_DIR": line_pc, "PATH": str(tmp_path / "nothing"), "CUDA_PATH": "",
-           "CUDA_HOME": ""}
+    env = dict(no_toolkit_env(tmp_path), PTXBACKEND_CACHE_DIR=line_pc)
     out = run_python(code, env).split()
     assert out[0::2] == ["True"] * 4 and out[1].startswith("nvcc-13")
+
+
+def _line_pc(tmp_path, *argv, **env):
+    """``ptxbackend ARGV`` as run on a line PC without any compiler (no toolkit, no NVRTC wheel)."""
+    import subprocess
+    import sys
+    code = HIDE_NVRTC + "from ptxbackend.cli.commands import main; sys.exit(main(%r))" % (list(argv),)
+    full = dict(os.environ, PYTHONPATH=REPO, **no_toolkit_env(tmp_path))
+    full.update(env)
+    proc = subprocess.run([sys.executable, "-c", code], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, cwd=str(tmp_path))
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_import_names_the_entries_a_line_pc_would_never_use_and_that_is_what_then_happens(nvcc13, tmp_path):
+    """A bundle that verifies but never hits: built for another GPU or target than the line asks for."""
+    ptxbackend.compile(kernel(0), device_cc="7.5")  # sm_75 code: this GPU only
+    ptxbackend.compile(kernel(1), target="compute_75")  # PTX: any GPU from 7.5 on, asked for as compute_75
+    path = str(tmp_path / "line.tgz")
+    assert bundle.export_bundle(DirectoryStore(os.environ["PTXBACKEND_CACHE_DIR"]), path) == 2
+    line = {"PTXBACKEND_CACHE_DIR": str(tmp_path / "line-pc")}
+    code, out, err = _line_pc(tmp_path, "cache", "import", path, "--device-cc", "7.5", **line)
+    assert code == 0 and "2 entries added" in out
+    assert "warning: 1 of the bundle's 2 entries will never be used here: 1 built for compute_75" in err, err
+    assert "asks nvcc-13.0.88 for sm_75 (target auto)" in err and err.count("\n") == 1
+    code, out, err = _line_pc(tmp_path, "cache", "import", path, "--device-cc", "8.6", "--json", **line)
+    assert code == 1 and "error: no entry of the bundle will be used here" in err, err
+    assert sorted(e["entry"].split("/")[1] for e in json.loads(out)["never_used"]) == ["compute_75", "sm_75"]
+    line["PTXBACKEND_TARGET"] = "compute_75"
+    code, out, err = _line_pc(tmp_path, "cache", "import", path, "--device-cc", "8.6", **line)
+    assert code == 0 and "1 of the bundle's 2 entries" in err and "1 built for sm_75" in err, err
+    # What it said is what happens: on an 8.6 line with target compute_75, the PTX hits, the cubin cannot.
+    probe = (HIDE_NVRTC + "import ptxbackend\nfrom ptxbackend.errors import CompilerNotFoundError\n"
+             "for i in range(2):\n"
+             "    try:\n        print(ptxbackend.compile(%r.replace('saxpy', 'saxpy_%%d' %% i), device_cc='8.6')"
+             ".cache_hit)\n"
+             "    except CompilerNotFoundError:\n        print('never')" % SAXPY)
+    assert run_python(probe, dict(no_toolkit_env(tmp_path), **line)).split() == ["never", "True"]
+
+
+def test_import_says_when_this_machine_compiles_with_another_compiler_than_the_bundle_was_made_by(
+        nvcc13, nvrtc_pch, tmp_path):
+    ptxbackend.compile(SAXPY, target="compute_75")
+    path = str(tmp_path / "line.tgz")
+    bundle.export_bundle(DirectoryStore(os.environ["PTXBACKEND_CACHE_DIR"]), path)
+    nvrtc = [os.path.join(nvrtc_pch, n) for n in sorted(os.listdir(nvrtc_pch)) if n.startswith("libnvrtc.so")][0]
+    code, _, err = _line_pc(tmp_path, "cache", "import", path, "--device-cc", "7.5",
+                            PTXBACKEND_CACHE_DIR=str(tmp_path / "line-pc"), PTXBACKEND_NVRTC=nvrtc)
+    assert code == 1 and "1 made by nvcc-13.0.88, while this machine compiles with nvrtc-13.5" in err, err
+    assert "Build the bundle with nvrtc-13.5" in err
+    # Without --device-cc or a GPU here (an image prepared on another machine), nothing is checked.
+    from conftest import gpu_available
+    if not gpu_available():
+        code, _, err = _line_pc(tmp_path, "cache", "import", path, PTXBACKEND_CACHE_DIR=str(tmp_path / "other"),
+                                PTXBACKEND_NVRTC=nvrtc)
+        assert code == 0 and err == ""
+
+
+@requires_gpu
+def test_import_checks_the_bundle_against_this_machines_gpu(nvcc13, tmp_path):
+    from ptxbackend.gpu import driver
+    cc = driver.compute_capability(0)
+    other = "7.5" if cc != 75 else "8.6"
+    ptxbackend.compile(SAXPY, device_cc=other)
+    path = str(tmp_path / "line.tgz")
+    bundle.export_bundle(DirectoryStore(os.environ["PTXBACKEND_CACHE_DIR"]), path)
+    code, _, err = _line_pc(tmp_path, "cache", "import", path, PTXBACKEND_CACHE_DIR=str(tmp_path / "line-pc"))
+    assert code == 1 and "this machine's %s (sm_%d)" % (driver.device_name(0), cc) in err, err
 
 
 def _bundle_with(tmp_path, members, manifest):
@@ -110,9 +178,7 @@ def test_cli_export_import_and_warm(nvcc13, tmp_path):
 
 
 def test_compile_without_compiler_or_cache_entry_says_so(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
+    hide_toolkit(monkeypatch, tmp_path)
     hide_nvrtc(monkeypatch)
     with pytest.raises(CompilerNotFoundError) as info:
         ptxbackend.compile(SAXPY, device_cc="7.5")

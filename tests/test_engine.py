@@ -8,7 +8,7 @@ import pytest
 
 import ptxbackend
 from ptxbackend.errors import CompileError, CompilerNotFoundError, TargetError
-from conftest import SAXPY, cache_files, count_calls, hide_nvrtc, run_python
+from conftest import SAXPY, cache_files, count_calls, hide_nvrtc, hide_toolkit, run_python
 
 
 def test_nvcc13_builds_native_cubin_for_h200(nvcc13):
@@ -152,10 +152,8 @@ def test_missing_compiler_is_reported(monkeypatch, tmp_path):
 
 
 def _now_a_machine_without_compilers(monkeypatch, tmp_path):
-    """From here on, no nvcc on PATH or in CUDA_PATH/CUDA_HOME and no NVRTC wheel; a fresh engine."""
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
+    """From here on, no CUDA toolkit and no NVRTC wheel; a fresh engine."""
+    hide_toolkit(monkeypatch, tmp_path)
     hide_nvrtc(monkeypatch)
     from ptxbackend.compiling import engine
     engine._reset_for_tests()

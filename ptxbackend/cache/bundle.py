@@ -279,12 +279,13 @@ def _held(store, name):
         yield
 
 
-def import_bundle(store, source, key=None, progress=None):
+def import_bundle(store, source, key=None, progress=None, seen=None):
     """Verify and add the bundle at ``source`` to ``store``.
 
     With ``key`` (the fleet key, when one is configured) only a bundle signed with it is imported.
     Entries of an unsigned bundle are marked (:mod:`.provenance`): ``cache push`` never uploads them.
-    Returns ``(entries_added, entries_already_present)``.  Raises
+    Returns ``(entries_added, entries_already_present)``; ``seen``, a list, gets the name of every
+    entry in the bundle (``<producer>/<target>/...``).  Raises
     :class:`CacheError` for a bundle of another schema version, a missing or
     invalid manifest, or any file whose checksum or format does not verify
     (then nothing from the bundle is added).
@@ -320,4 +321,6 @@ def import_bundle(store, source, key=None, progress=None):
     for name, data in verified:
         if not name.endswith(".json"):
             provenance.remember(store, name.split("/", 1)[1], data, signed)
+            if seen is not None:
+                seen.append(name.split("/", 1)[1])
     return added, present

@@ -70,6 +70,7 @@ def _cmd_compile(args):
 _CACHE_FLAGS = (("no_jit", "--no-jit", ("export",)), ("force", "--force", ("export",)),
                 ("from_fleet", "--from-fleet", ("import",)), ("repair", "--repair", ("verify",)),
                 ("max_size", "--max-size", ("prune",)), ("zero", "--zero", ("stats",)),
+                ("device_cc", "--device-cc", ("import",)),
                 ("json", "--json", ("info", "list", "stats", "verify", "prune", "push", "export", "import")))
 
 
@@ -238,6 +239,7 @@ def _cmd_cache(args):
                                          jit_bundle.fleet_key(settings))
             if args.json:
                 _print_json({"imported": args.file, "cache_dir": store.root, "added": None, "present": None,
+                             "gpus": None, "never_used": [],
                              "driver_jit": _driver_jit_summary(manifest, settings)})
                 return 0
             print("imported the driver JIT cache of %s (driver %s; %s; %d files, %.1f MiB) into %s; new "
@@ -247,15 +249,81 @@ def _cmd_cache(args):
                       sum(f["size"] for f in manifest["files"]) / 1048576.0,
                       jit_bundle.managed_dir(settings.cache_dir)))
         else:
+            gpus = _gpus_to_serve(args.device_cc)  # before importing: a wrong --device-cc imports nothing
+            names = []
             added, present = bundle.import_bundle(store, args.file,
                                                   jit_bundle.fleet_key(load_settings(cache_dir=args.cache_dir)),
-                                                  progress=_progress("cache import", args))
+                                                  progress=_progress("cache import", args), seen=names)
+            names = [name for name in names if "/jit/" not in name]  # a JIT result names its own GPU
+            useless = _never_used(load_settings(cache_dir=args.cache_dir), names, gpus) if gpus else []
             if args.json:
-                _print_json({"imported": args.file, "cache_dir": store.root, "added": added, "present": present})
+                _print_json({"imported": args.file, "cache_dir": store.root, "added": added, "present": present,
+                             "gpus": [label for _, label in gpus],
+                             "never_used": [{"entry": name, "why": why} for name, why, _ in useless]})
             else:
                 print("imported %s into %s: %s added, %d already present (all checksums verified)"
                       % (args.file, store.root, _count(added, "entry", "entries"), present))
+            if useless:
+                whys = {}
+                for _name, why, _remedy in useless:
+                    whys[why] = whys.get(why, 0) + 1
+                if len(useless) == len(names):
+                    head = "error: no entry of the bundle will be used here"
+                else:
+                    head = "warning: %d of the bundle's %d entries will never be used here" % (len(useless),
+                                                                                               len(names))
+                print("ptxbackend: %s: %s. %s." % (
+                    head, "; ".join("%d %s" % (count, why) for why, count in sorted(whys.items())),
+                    ". ".join(sorted(set(remedy for _, _, remedy in useless)))), file=sys.stderr)
+                if len(useless) == len(names):
+                    return 1
     return 0
+
+
+def _never_used(settings, names, gpus):
+    """``[(entry, why, remedy)]`` for the bundle's entries that ``compile()`` here would never look up:
+    another producer than this machine's compilers, or another target than they ask for on these GPUs."""
+    from ..compiling import engine, targets
+    try:
+        compilers, wanted = engine.targets_wanted(settings, [cc for cc, _ in gpus])
+    except PtxBackendError:
+        return []  # a named compiler that cannot be used: every compile says so; nothing to check here
+    where = " or ".join(label for _, label in gpus)
+    lowest = min(cc for cc, _ in gpus)
+    retarget = ("Build them on the build box for this GPU (--device-cc %s) with this machine's target setting, "
+                "or set a PTX target such as compute_%d on both" % (targets.format_cc(lowest), lowest))
+    found = []
+    for name in names:
+        producer, target = name.split("/")[:2]
+        if compilers and producer not in compilers:
+            found.append((name, "made by %s, while this machine compiles with %s, %s only what it makes" % (
+                producer, " and ".join(compilers), "which uses" if len(compilers) == 1 else "each of which uses"),
+                          "Build the bundle with %s, or install the build box's compiler here"
+                          % " or ".join(compilers)))
+        elif producer not in wanted:
+            found.append((name, "made by %s, which builds nothing for %s with target %s" % (
+                producer, where, settings.target), retarget))
+        elif target not in wanted[producer]:
+            found.append((name, "built for %s, while %s asks %s for %s (target %s)" % (
+                target, where, producer, " or ".join(sorted(wanted[producer])), settings.target), retarget))
+    return found
+
+
+def _gpus_to_serve(device_cc):
+    """``[(cc, label)]``: the GPU named by ``--device-cc``, else this machine's GPUs, else none (a
+    machine without a GPU or driver, such as one preparing a line PC's image, checks nothing)."""
+    from ..compiling import targets
+    if device_cc:
+        cc = targets.parse_cc(device_cc)
+        return [(cc, "a GPU of compute capability %s (--device-cc)" % targets.format_cc(cc))]
+    from ..gpu import driver
+    try:
+        if not driver.available():
+            return []
+        return [(driver.compute_capability(i), "this machine's %s (sm_%d)" % (
+            driver.device_name(i), driver.compute_capability(i))) for i in range(driver.device_count())]
+    except Exception:  # noqa: BLE001  (a driver that cannot answer: nothing to check against, not a failure)
+        return []
 
 
 def _progress(label, args, unit="done"):
@@ -378,7 +446,8 @@ def _import_from_fleet(settings, as_json=False, root=None):
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if as_json:
-        _print_json({"imported": name, "cache_dir": root, "added": None, "present": None,
+        _print_json({"imported": name, "cache_dir": root, "added": None, "present": None, "gpus": None,
+                     "never_used": [],
                      "driver_jit": _driver_jit_summary(manifest, settings)})
         return 0
     print("imported the driver JIT cache of %s from the fleet store (%s) into %s" % (
@@ -658,7 +727,9 @@ _CACHE_FLAG_HELP = {
     "from_fleet": ("store_true", "this machine's driver JIT set (driver build, GPU model) from the fleet store, "
                                  "instead of a FILE"),
     "repair": ("store_true", "remove the bad entries and the damaged sets and records they name"),
-    "max_size": ("store", "size limit, e.g. 500M; 0 is no limit (default PTXBACKEND_CACHE_MAX_SIZE)"),
+    "max_size": ("SIZE", "size limit, e.g. 500M; 0 is no limit (default PTXBACKEND_CACHE_MAX_SIZE)"),
+    "device_cc": ("X.Y", "the line's GPU (e.g. 7.5) when it is not this machine's: entries it cannot run are "
+                         "named (default: this machine's GPUs)"),
     "zero": ("store_true", "start the statistics again from now"),
     "json": ("store_true", "one JSON document on stdout (docs/usage.md lists the keys)"),
 }
@@ -679,8 +750,9 @@ def _add_cache_actions(cache):
                        help="cache directory (PTXBACKEND_CACHE_DIR)")
         for dest, flag, owners in _CACHE_FLAGS:
             kind, text = _CACHE_FLAG_HELP[dest]
-            extra = {"metavar": "SIZE"} if kind == "store" else {}
-            p.add_argument(flag, dest=dest, action=kind, help=text if action in owners else argparse.SUPPRESS,
+            extra = {} if kind == "store_true" else {"metavar": kind}  # a flag with a value: its metavar
+            p.add_argument(flag, dest=dest, action="store_true" if kind == "store_true" else "store",
+                           help=text if action in owners else argparse.SUPPRESS,
                            **extra)
         p.set_defaults(func=_cmd_cache)
         usage = " ".join(p.format_usage().split()[1:]).replace("[-h] ", "").replace("[-h]", "")

@@ -24,6 +24,8 @@ from ..files import private
 from ..dependencies.reads import UNKNOWN_READS, environment_include_dirs, scan_includes
 
 NVCC_ENV = "PTXBACKEND_NVCC"
+#: The installers' default place, searched last (nothing on PATH, no CUDA_PATH or CUDA_HOME).
+DEFAULT_TOOLKIT = "/usr/local/cuda"
 logger = logging.getLogger("ptxbackend")
 
 _VERSION_RE = re.compile(r"release (\d+)\.(\d+), V(\d+\.\d+\.\d+)")
@@ -32,7 +34,7 @@ _OUTPUT_FLAG = {"ptx": "--ptx", "cubin": "--cubin", "fatbin": "--fatbin"}
 
 
 def find_nvcc(explicit=None):
-    """Locate nvcc: ``explicit``, then ``PTXBACKEND_NVCC``, ``CUDA_PATH``, ``CUDA_HOME``, PATH.
+    """Locate nvcc: ``explicit``, ``PTXBACKEND_NVCC``, ``CUDA_PATH``, ``CUDA_HOME``, PATH, /usr/local/cuda.
 
     ``explicit`` and ``PTXBACKEND_NVCC`` may name the program or a toolkit
     directory.  Raises :class:`CompilerNotFoundError` saying where it looked.
@@ -64,6 +66,13 @@ def find_nvcc(explicit=None):
     looked.append("PATH")
     if found:
         return found
+    if os.name == "posix" and not (os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME")):
+        # Where NVIDIA's installers put the toolkit and CuPy looks last. Only when neither variable
+        # names a toolkit: one that does is the user's choice, and a guess must not override it.
+        candidate = os.path.join(DEFAULT_TOOLKIT, "bin", "nvcc")
+        looked.append(candidate)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
     raise CompilerNotFoundError(
         "nvcc not found (looked in: %s). Install a CUDA toolkit, or point "
         "PTXBACKEND_NVCC at its nvcc (or set CUDA_PATH), or use NVRTC "

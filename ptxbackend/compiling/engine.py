@@ -246,6 +246,43 @@ def _from_cache_only(store, settings, source, options, name, source_dir, cc, mis
         "build box with the same kernels, or install a compiler." % (missing, store.root))
 
 
+def targets_wanted(settings, device_ccs):
+    """What ``compile()`` here could look up for a GPU of each of ``device_ccs``: ``(compilers, wanted)``.
+
+    ``compilers`` lists the producers of this machine's compilers (the one configured, else nvcc and
+    NVRTC where found: a program may use either, and each looks only under its own producer); it is
+    empty on a machine without one, which looks under every producer the cache has a record of.
+    ``wanted`` maps each producer to the set of target names asked for.  An entry under any other
+    producer or target is never used here, however sound its checksums.
+    """
+    identities = []
+    for kind in [settings.compiler] if settings.compiler else ["nvcc", "nvrtc"]:
+        try:
+            store, comp, _missing = toolchain.prepare(settings, kind)
+        except CompilerNotFoundError:
+            continue
+        identities.append(comp.identity)
+    compilers = [identity.producer for identity in identities]
+    wanted = {}
+    if not identities:
+        store = open_cache(settings)
+        for producer, record in store.producer_records():
+            try:
+                identity = CompilerIdentity.from_json(dict(record, content=""))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if identity.producer == producer:
+                identities.append(identity)
+    for identity in identities:
+        for cc in device_ccs:
+            try:
+                chosen, _reason = choose_target(settings.target, identity, cc)
+            except TargetError:
+                continue
+            wanted.setdefault(identity.producer, set()).add(str(chosen))
+    return compilers, wanted
+
+
 #: Kept for callers of 0.3: the image step lives in :mod:`ptxbackend.compiling.image`.
 loadable_image = image_step.loadable_image
 discard_jit = image_step.discard_jit
