@@ -215,3 +215,43 @@ def test_usage_documents_every_json_command_and_every_commands_exit_codes():
         takes_json = any("--json" in a.option_strings and a.help != "==SUPPRESS==" for a in parser._actions)
         assert len(named(command, json_rows)) == (1 if takes_json else 0), command
         assert len(named(command, exit_rows)) == 1, command
+
+
+class _Terminal(object):
+    def __init__(self):
+        self.writes = []
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.writes.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_progress_redraws_a_few_times_a_second_and_ends_its_line_once():
+    from ptxbackend.deploy.replay import Progress
+    terminal = _Terminal()
+    meter = Progress(100000, "cache push", stream=terminal)
+    for _ in range(100001):  # one step more than announced (a file that came meanwhile)
+        meter.step()
+    text = "".join(terminal.writes)
+    assert len(terminal.writes) < 200, len(terminal.writes)  # not a write per step
+    assert text.endswith("100000/100000 \n") and text.count("\n") == 1, text[-200:]
+    counting = _Terminal()
+    meter = Progress(None, "cache verify", stream=counting, unit="entries checked")
+    for _ in range(5):
+        meter.step()
+    meter.finish()
+    meter.finish()
+    assert "".join(counting.writes).endswith("cache verify: 5 entries checked \n")
+    assert "".join(counting.writes).count("\n") == 1
+    piped = _Terminal()
+    piped.isatty = lambda: False
+    meter = Progress(3, "warm kernels", stream=piped)
+    for _ in range(3):
+        meter.step()
+    meter.finish()
+    assert piped.writes == []  # a log or a pipe gets the result line only

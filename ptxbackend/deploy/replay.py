@@ -133,7 +133,7 @@ class Progress(object):
     """A one-line progress display on a terminal: a bar when the total is known, a running count when it
     is not (``total`` None: a walk that learns its size as it goes).  Redrawn at most ten times a
     second, so that a hundred thousand small steps do not cost a hundred thousand terminal writes.
-    Not on a terminal (a log, a pipe), it prints a line every 10% of a known total and nothing else."""
+    Not on a terminal (a log, a pipe) it draws nothing: there the command's result line says it all."""
 
     def __init__(self, total, label, stream=None, unit="done"):
         self.total = None if total is None else max(total, 1)
@@ -142,26 +142,19 @@ class Progress(object):
         self.stream = stream or sys.stderr
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.done = 0
-        self._last_decile = -1
         self._drawn = 0.0
         self._ended = False
 
     def step(self, note=""):
         self.done += 1
-        if self.total is not None and self.done > self.total:
-            self.total = self.done  # the tree grew while it was walked
-        last = self.total is not None and self.done == self.total
-        if self.tty:
+        last = self.total is not None and self.done >= self.total
+        if self.tty and not self._ended:
             now = time.time()
             if last or now - self._drawn >= 0.1:
                 self._drawn = now
                 self._draw(note)
                 if last:
                     self._end()
-        elif self.total is not None and int(self.done * 10 / self.total) != self._last_decile:
-            self._last_decile = int(self.done * 10 / self.total)
-            self.stream.write("%s: %d/%d\n" % (self.label, self.done, self.total))
-            self.stream.flush()
 
     def finish(self):
         """The last state drawn and the line ended (a running count has no last step of its own)."""
