@@ -255,3 +255,10 @@ def test_progress_redraws_a_few_times_a_second_and_ends_its_line_once():
         meter.step()
     meter.finish()
     assert piped.writes == []  # a log or a pipe gets the result line only
+    # a command that fails part way: its error starts a line of its own, not after the bar
+    broken = _Terminal()
+    meter = Progress(10, "cache export", stream=broken)
+    meter.step()
+    Progress.end_open_line()
+    Progress.end_open_line()
+    assert "".join(broken.writes).endswith("1/10 \n") and "".join(broken.writes).count("\n") == 1

@@ -896,14 +896,22 @@ def main(argv=None):
         print("\nptxbackend: interrupted", file=sys.stderr)
         return 130
     except PtxBackendError as exc:
+        _end_progress_line()
         print("ptxbackend: error: %s" % exc, file=sys.stderr)
         _save_whole_log(exc)
         return 1
     except (IOError, OSError) as exc:
+        _end_progress_line()
         print("ptxbackend: error: %s" % _explained(exc), file=sys.stderr)
         return 1
     finally:
         sys.stdout = stdout
+
+
+def _end_progress_line():
+    # A bar left part way (the command failed during it) would have the error run on after it.
+    if "ptxbackend.deploy.replay" in sys.modules:
+        sys.modules["ptxbackend.deploy.replay"].Progress.end_open_line()
 
 
 #: What to do about the file-system errors a command meets most, by errno.

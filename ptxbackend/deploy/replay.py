@@ -162,7 +162,19 @@ class Progress(object):
             self._draw("")
             self._end()
 
+    #: The meter whose line is drawn and not yet ended: an error printed now must start a line of its own.
+    open_line = None
+
+    @classmethod
+    def end_open_line(cls):
+        """End the line a meter left unfinished (the command failed part way), so that what is printed
+        next does not run on after the bar."""
+        meter, cls.open_line = cls.open_line, None
+        if meter is not None and not meter._ended:
+            meter._end()
+
     def _draw(self, note):
+        Progress.open_line = self
         if self.total is None:
             self.stream.write("\r%s: %d %s %s" % (self.label, self.done, self.unit, note[:40]))
         else:
@@ -172,6 +184,8 @@ class Progress(object):
 
     def _end(self):
         self._ended = True
+        if Progress.open_line is self:
+            Progress.open_line = None
         self.stream.write("\n")
         self.stream.flush()
 
