@@ -165,7 +165,7 @@ def test_integer_replies_take_no_lock_and_are_no_pong(fleet_key, logged):
 # -- row 13: a slow server costs a bounded time per process ------------------------------------------
 
 def test_a_server_just_under_the_timeout_trips_the_budget(fleet_key, logged):
-    with FakeServer(lambda command: b"$0\r\n\r\n", delay=0.15) as server:
+    with FakeServer(lambda command: b"$0\r\n\r\n" if command[0] == b"GETRANGE" else b"*0\r\n", delay=0.15) as server:
         # Read-only: this fake delays each command, and a writer's first lookup pipelines the
         # working set's upkeep with it (four commands: over the timeout here, not just under it).
         store = RemoteStore(server.url, fleet_key, timeout=0.5, budget=1.0, mode="ro")
@@ -551,6 +551,52 @@ def test_replies_nested_deeper_than_the_bound_are_a_fault(fleet_key, logged):
         assert resp.Client(resp.Endpoint(server.url), 2.0, 1 << 20).execute(("ZREVRANGE", "k", 0, 1)) == [[[b"x"]]]
 
 
+def _answers(value, later):
+    """A fake server's answers: the working set's fetch as a server gives it, the first GETRANGE
+    ``value`` alone, every later one ``later(value)``."""
+    asked = []
+
+    def answer(command):
+        if command[0] != b"GETRANGE":
+            return b"*0\r\n"
+        asked.append(command)
+        return value if len(asked) == 1 else later(value)
+    return answer
+
+
+@pytest.mark.parametrize("when", ["with the reply", "after it"])
+def test_a_surplus_after_a_lone_reply_is_found_before_the_connection_is_used_again(fleet_key, logged, when):
+    """One command, one reply, then bytes nobody asked for: in the same packet (seen at once), or a
+    moment later (seen before the next request, which would otherwise read them as its answer)."""
+    redis_key = "ptxbackend:v4/" + ENTRY
+    kernel = b"kernel" * (resp.BIG_BULK // 3)  # read to its end straight off the socket, no further
+    value = bulk(seal(fleet_key, redis_key.encode(), kernel))
+    extra = bulk(seal(fleet_key, redis_key.encode(), b"not asked for"))
+    later = (lambda v: v + extra) if when == "with the reply" else (lambda v: [v, extra])
+    with FakeServer(_answers(value, later), delay=0.0 if when == "with the reply" else 0.2) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
+        assert store.get(ENTRY) == kernel  # with the working set's fetch
+        second = store.get(ENTRY)  # GETRANGE alone
+        if when == "with the reply":
+            assert second is None
+        else:
+            assert second == kernel
+            time.sleep(0.6)
+            assert store.get(ENTRY) is None
+        assert "more than was asked for" in store.state, store.state
+
+
+def test_a_pipelined_reply_of_another_kind_than_its_command_gives_faults_the_whole_pipeline(fleet_key, logged):
+    """The working set's fetch answered with a string: a reply shifted from another request, so the
+    request's own reply before it cannot be trusted to be its own either."""
+    redis_key = "ptxbackend:v4/" + ENTRY
+    value = bulk(seal(fleet_key, redis_key.encode(), b"kernel"))
+    with FakeServer(lambda command: value if command[0] == b"GETRANGE" else bulk(b"shifted")) as server:
+        store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
+        assert store.get(ENTRY) is None
+        assert "out of step" in store.state and "FCALL_RO answered with" in store.state, store.state
+
+
 def test_a_reply_with_more_than_was_asked_for_is_a_fault_not_a_value(fleet_key, logged):
     """A valid sealed value followed by a reply nobody asked for: the connection is out of step (the
     next request would read that reply as its own), so the value is not taken and the store faults."""
@@ -558,6 +604,9 @@ def test_a_reply_with_more_than_was_asked_for_is_a_fault_not_a_value(fleet_key, 
     value = bulk(seal(fleet_key, redis_key.encode(), b"kernel"))
     with FakeServer(lambda command: value + bulk(b"an answer to a question not asked")) as server:
         store = RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro")
-        assert store.get(ENTRY) is None and "more than was asked for" in store.state
-    with FakeServer(lambda command: value) as server:  # the same value alone: a hit
+        # The surplus is found where it lies: after the last reply, or read as a later command's reply.
+        assert store.get(ENTRY) is None
+        assert "more than was asked for" in store.state or "out of step" in store.state, store.state
+    # The same value alone (and the working set's fetch answered as a server does): a hit.
+    with FakeServer(lambda command: value if command[0] == b"GETRANGE" else b"*0\r\n") as server:
         assert RemoteStore(server.url, fleet_key, timeout=2.0, mode="ro").get(ENTRY) == b"kernel"

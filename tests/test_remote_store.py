@@ -336,6 +336,19 @@ def test_killed_server_turns_the_store_off(own_valkey, namespace, fleet_key, log
     assert total(store, "errors") == 1
 
 
+def test_a_connection_the_server_closed_while_idle_is_made_again_not_a_failure(own_valkey, namespace, fleet_key,
+                                                                              logged):
+    """A server with `timeout` set ends idle clients; a long-lived program's next lookup must not
+    turn the fleet store off for the retry interval because of it."""
+    server = own_valkey(extra=("--timeout", "1"))
+    store = RemoteStore(server.url, fleet_key, namespace=namespace, timeout=5.0)
+    store.put(ENTRY, b"kernel")
+    assert store.get(ENTRY) == b"kernel"
+    time.sleep(2.5)  # the server checks idle clients about ten times a second
+    assert store.get(ENTRY) == b"kernel" and store.state == "ok"
+    assert logged.warnings() == [] and total(store, "errors") == 0
+
+
 def test_dead_server_from_the_start_costs_one_request(own_valkey, namespace, fleet_key, logged):
     server = own_valkey()
     url = server.url

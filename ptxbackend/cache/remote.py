@@ -205,14 +205,26 @@ def _string(reply):
     return reply
 
 
-def _main(replies, string=False):
+#: What each command of a pipeline is answered with while the connection is in step (an error reply
+#: fits any): a reply of another kind is the answer to some other request.
+_REPLY_KINDS = {"GETRANGE": (bytes, bytearray), "SET": (bytes,), "EXPIRE": (int,), "FUNCTION": (bytes,),
+                "FCALL_RO": (list,), "ZREVRANGE": (list,)}
+
+
+def _main(replies, string=False, commands=()):
     """``replies`` whose first (the request itself) must have succeeded (and be a ``string``, when
     asked); the others are the working set's upkeep, which may fail alone (a full server refusing
-    ZADD) without failing the request."""
+    ZADD) without failing the request.  With ``commands``, a reply of the wrong kind for its command
+    faults the whole pipeline: a surplus reply read as the next one's answer shifts every later one."""
     if isinstance(replies[0], resp.ReplyError):
         raise replies[0]
     if string:
         _string(replies[0])
+    for command, reply in zip(commands[1:], replies[1:]):
+        kind = _REPLY_KINDS.get(command[0])
+        if kind is not None and not isinstance(reply, kind + (resp.ReplyError,)):
+            raise resp.Fault("the server's replies are out of step with the requests (%s answered with %s)"
+                             % (command[0], type(reply).__name__))
     return replies
 
 
@@ -454,7 +466,7 @@ class RemoteStore(Store):
         touch_at = len(commands)
         touches, used = self._touches(name, group)
         commands.extend(touches)
-        replies = self._call(level, lambda client: _main(client.results(*commands), string=True))
+        replies = self._call(level, lambda client: _main(client.results(*commands), True, commands))
         if replies is _SKIP:
             if fetch is not None:
                 self._fetched.discard(group)  # asked again once the store answers
@@ -678,7 +690,8 @@ class RemoteStore(Store):
         touch_at = len(commands)
         touches, used = self._touches(name, self._group(name), companions)
         commands.extend(touches)
-        replies = self._call(level, lambda client: _main(client.results(*commands)), write=True)
+        replies = self._call(level, lambda client: _main(client.results(*commands), False, commands),
+                             write=True)
         if replies is _SKIP:
             self._load_failed(load_at)
             return

@@ -173,6 +173,7 @@ class _Reader(object):
         self.buf = bytearray()
         self.pos = 0
         self.left = max_reply + MAX_LINE  # bytes this operation may still receive, all replies together
+        self.straight = False  # whether a bulk string was read straight off the socket (:meth:`_big`)
 
     def _wait(self):
         left = self.deadline - time.monotonic()
@@ -223,6 +224,7 @@ class _Reader(object):
         """A bulk string of ``size`` bytes read into one buffer of its own (what is buffered already
         first, then the socket straight into the rest), never past its end: the next reply's bytes
         stay on the socket."""
+        self.straight = True
         data = bytearray(size + 2)
         view = memoryview(data)
         try:
@@ -309,6 +311,17 @@ def _encode(command):
     return b"".join(parts)
 
 
+def _ready(sock, write, timeout):
+    """Whether ``sock`` is readable (or writable) within ``timeout`` seconds.  poll where there is one:
+    select() cannot take a descriptor numbered past 1023, which a program with many files open has."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT if write else select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(max(0, int(timeout * 1000 + 0.999))))
+    readable, writable, _ = select.select([] if write else [sock], [sock] if write else [], [], timeout)
+    return bool(readable or writable)
+
+
 class Client(object):
     """One connection to one server; not thread-safe (the store serialises its calls)."""
 
@@ -335,6 +348,11 @@ class Client(object):
         pipelines whose upkeep commands may fail alone); raises only :class:`Fault`."""
         deadline = time.monotonic() + self.timeout
         try:
+            waiting = self._waiting() if self._sock is not None else None
+            if waiting == "data":
+                raise Fault("the server sent more than was asked for")
+            if waiting == "closed":
+                self.close()  # the server ended an idle connection (its `timeout`): a new one, not a fault
             if self._sock is None:
                 self._connect(deadline)
             replies = self._exchange(commands, deadline)
@@ -364,9 +382,37 @@ class Client(object):
         self._send(b"".join(_encode(command) for command in commands), deadline)
         reader = _Reader(self._sock, deadline, self.max_reply)
         replies = [reader.reply() for _ in commands]
-        if reader.pos != len(reader.buf):
+        # A big bulk string is read to its end and no further, so bytes past the last reply may still be
+        # on the socket: look there too.  Ones that arrive later are found before the connection's next use.
+        if reader.pos != len(reader.buf) or (reader.straight and self._waiting() == "data"):
             raise Fault("the server sent more than was asked for")
         return replies
+
+    def _waiting(self):
+        """What waits on the connection between operations, seen without blocking: ``None``,
+        ``"data"`` (a reply nobody asked for: the connection is out of step) or ``"closed"``."""
+        sock = self._sock
+        if isinstance(sock, ssl.SSLSocket):
+            if sock.pending():
+                return "data"
+            if not _ready(sock, False, 0):
+                return None
+            # Readable may be TLS housekeeping (a session ticket), which yields no application byte.
+            sock.settimeout(0)
+            try:
+                return "data" if sock.recv(1) else "closed"
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+                return None
+            except (OSError, ssl.SSLError):
+                return "closed"
+        try:
+            if not _ready(sock, False, 0):
+                return None
+            return "data" if sock.recv(1, socket.MSG_PEEK) else "closed"
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return "closed"
 
     def _send(self, data, deadline):
         view = memoryview(data)
@@ -426,11 +472,11 @@ class Client(object):
                 tls.do_handshake()
                 return tls
             except ssl.SSLWantReadError:
-                wanted = ([tls], [])
+                write = False
             except ssl.SSLWantWriteError:
-                wanted = ([], [tls])
+                write = True
             left = deadline - time.monotonic()
-            if left <= 0 or not any(select.select(wanted[0], wanted[1], [], left)[:2]):
+            if left <= 0 or not _ready(tls, write, left):
                 tls.close()
                 raise Fault("the TLS handshake ran past the deadline")
 
