@@ -75,6 +75,9 @@ def test_a_file_where_a_directory_belongs_is_reported_and_left_alone(cache):
     stray.write_text("someone's notes\n")
     proc = verify(cache, "--repair")
     assert "not a file ptxbackend writes here" in proc.stdout and stray.exists(), proc.stdout
+    assert "(removed)" not in proc.stdout, proc.stdout  # left alone, and said so only
+    found = json.loads(verify(cache, "--repair", "--json").stdout)
+    assert [(b["path"], b["removed"]) for b in found["bad"]] == [(str(stray), False)], found
 
 
 def test_export_refuses_a_bundle_that_would_not_hit_and_says_which_entries(cache, tmp_path):

@@ -159,12 +159,15 @@ def _cmd_cache(args):
                                     os.path.relpath(path, store.root)))
     elif args.action == "verify":
         good, bad = store.verify(repair=args.repair, progress=_progress("cache verify", args, "entries checked"))
+        # --repair removes what is bad, except a file ptxbackend does not write (store.verify leaves it)
+        removed = [bool(args.repair) and not why.endswith("left alone") for _path, why in bad]
         if args.json:
             _print_json({"cache_dir": store.root, "exists": True, "verified": good, "repaired": bool(args.repair),
-                         "bad": [{"path": path, "why": why} for path, why in bad]})
+                         "bad": [{"path": path, "why": why, "removed": gone}
+                                 for (path, why), gone in zip(bad, removed)]})
             return 1 if bad and not args.repair else 0
-        for path, why in bad:
-            print("BAD  %s: %s%s" % (path, why, " (removed)" if args.repair else ""))
+        for (path, why), gone in zip(bad, removed):
+            print("BAD  %s: %s%s" % (path, why, " (removed)" if gone else ""))
         print("%s verified, %d bad" % (_count(good, "entry", "entries"), len(bad)))
         return 1 if bad and not args.repair else 0
     elif args.action == "prune":
