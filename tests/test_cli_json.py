@@ -262,3 +262,11 @@ def test_progress_redraws_a_few_times_a_second_and_ends_its_line_once():
     Progress.end_open_line()
     Progress.end_open_line()
     assert "".join(broken.writes).endswith("1/10 \n") and "".join(broken.writes).count("\n") == 1
+    # a line said between two steps (warm's worker notes): on a line of its own, the bar drawn again after
+    talk = _Terminal()
+    meter = Progress(2, "warm libraries", stream=talk)
+    meter.step("cudnn")
+    Progress.end_open_line()
+    talk.write("  a worker note\n")
+    meter.step("cublas")
+    assert "".join(talk.writes).endswith("1/2 cudnn\n  a worker note\n\rwarm libraries [%s] 2/2 cublas\n" % ("#" * 30))

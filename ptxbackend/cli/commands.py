@@ -654,6 +654,7 @@ def _print_selftest(selftest):
 
 
 def _say(line):
+    _end_progress_line()  # on a line of its own, not after the bar; the bar is drawn again at its next step
     sys.stderr.write("  %s\n" % line)  # unbuffered, beside the progress line: seen even if the run is cut
     sys.stderr.flush()
 

@@ -167,11 +167,12 @@ class Progress(object):
 
     @classmethod
     def end_open_line(cls):
-        """End the line a meter left unfinished (the command failed part way), so that what is printed
-        next does not run on after the bar."""
+        """End the line a meter's bar is on (the command failed part way, or says something between two
+        steps), so that what is printed next does not run on after the bar; a later step draws it again."""
         meter, cls.open_line = cls.open_line, None
-        if meter is not None and not meter._ended:
-            meter._end()
+        if meter is not None:
+            meter.stream.write("\n")
+            meter.stream.flush()
 
     def _draw(self, note):
         Progress.open_line = self
