@@ -660,3 +660,14 @@ def test_cache_push_of_entries_to_a_store_that_does_not_answer_is_one_line(tmp_p
         line for line in proc.stderr.strip().splitlines() if line.startswith("ptxbackend: error: cache push")], \
         proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_cache_flags_before_the_action_still_work_as_in_0_4_0(tmp_path):
+    """Each action has its own flags now; `cache --cache-dir D info` (flags first) still means the same."""
+    other = tmp_path / "other"
+    proc = _run(tmp_path, "cache", "--cache-dir", str(other), "--json", "info")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["cache_dir"] == str(other), proc.stderr
+    proc = _run(tmp_path, "cache", "--max-size", "1M", "info")
+    assert proc.returncode == 2 and "cache info does not take --max-size (it goes with prune)" in proc.stderr
+    proc = _run(tmp_path, "cache", "--json")
+    assert proc.returncode == 2 and "cache needs an ACTION" in proc.stderr, proc.stderr

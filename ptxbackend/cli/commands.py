@@ -765,6 +765,27 @@ def _add_cache_actions(cache):
     cache.set_defaults(func=_cmd_cache, action=None)
 
 
+def _cache_action_first(argv):
+    """``cache --cache-dir D prune`` as ``cache prune --cache-dir D``: the flags are each action's own
+    now, and what worked with the flags first (0.4.0 took them anywhere) still does."""
+    if not argv or argv[0] != "cache":
+        return argv
+    takes_value = set(["--cache-dir"] + [flag for dest, flag, _owners in _CACHE_FLAGS
+                                         if _CACHE_FLAG_HELP[dest][0] != "store_true"])
+    before, i = [], 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-h", "--help"):
+        before.append(argv[i])
+        if argv[i] in takes_value and i + 1 < len(argv):
+            before.append(argv[i + 1])
+            i += 1
+        i += 1
+    if not before:
+        return argv
+    if i >= len(argv):
+        return ["cache"]  # flags and no action: what is missing is the action (_cmd_cache says so)
+    return ["cache", argv[i]] + before + argv[i + 1:]
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="ptxbackend",
@@ -859,7 +880,7 @@ def main(argv=None):
         print("ptxbackend: error: standard output is closed; run it with stdout open (e.g. >/dev/null)",
               file=sys.stderr)
         return 1
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_cache_action_first(argv))
     args.compiler_options = compiler_options
     from ..compiling import engine
     engine.state.temporary_cache_fallback = False  # an admin command on a throwaway cache would only pretend
