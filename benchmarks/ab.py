@@ -270,6 +270,18 @@ def stage_text(stage_stats):
     return ", ".join("%s %.1f" % (n.strip("_"), v["median"]) for n, v in sorted(stage_stats.items()) if v) or "-"
 
 
+def start_child(args, verify, key):
+    """What every A/B child does first: its arm's tree put in place, CuPy imported (timed) and the arm
+    checked by ``verify(tree, pth_file)`` into ``report[key]``.  ``(cupy, report, tree)``."""
+    tree = args.child_tree or None
+    pth_file = activate_tree(tree) if tree else None
+    started = time.perf_counter()
+    import cupy
+    report = {"import_cupy_s": time.perf_counter() - started}
+    report[key] = verify(tree, pth_file)
+    return cupy, report, tree
+
+
 def report_check(mark, cupy, report, kernels, kernel_spec, info):
     """A check child's report (the dry run, and every arm's check before timing): the kernels built,
     none launched, and CuPy's facts."""

@@ -120,13 +120,7 @@ def _cupy_info(cupy):
 
 
 def child(args):
-    perf = time.perf_counter
-    tree = args.child_tree or None
-    pth_file = ab.activate_tree(tree) if tree else None
-    t = perf()
-    import cupy
-    report = {"import_cupy_s": perf() - t}
-    report["arm"] = _verify(tree, pth_file)
+    cupy, report, tree = ab.start_child(args, _verify, "arm")
     if args.child == "check":  # the dry run, and the real run's check of every arm before timing
         return ab.report_check(MARK, cupy, report, args.kernels, kernel_spec, _cupy_info)
 
