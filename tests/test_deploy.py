@@ -117,6 +117,7 @@ def test_import_says_when_this_machine_compiles_with_another_compiler_than_the_b
         assert code == 0 and err == ""
 
 
+@pytest.mark.gpu
 @requires_gpu
 def test_import_checks_the_bundle_against_this_machines_gpu(nvcc13, tmp_path):
     from ptxbackend.gpu import driver
