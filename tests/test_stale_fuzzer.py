@@ -8,7 +8,8 @@ an ``#include "../common/b.cuh"`` leaving the tree, a symbolic link to a file el
 whose quoted ``b.cuh`` differ; a
 ``__has_include`` of ``extra.cuh``; a forced ``-include``; hard links to ``common/b.cuh`` and to the forced
 include in a directory nobody searches; an options file for nvcc) and a sequence of operations (edit in place, atomic rename
-keeping mtime and size, no change at all (a hit), create or delete a shadowing header, retarget a link to a file or a directory or the ``-I`` link (alone, or after emptying it and before a
+keeping mtime and size, no change at all (a hit), create or delete a shadowing header, edit a defining
+header through its hard link in a directory nobody searches, retarget a link to a file or a directory or the ``-I`` link (alone, or after emptying it and before a
 header is created where it now leads), ``mkdir`` on the way to
 the missing directory, edit through either hard link, a failing compile in between, or a change, a failing compile, a change, then the fixed kernel).  Each sequence runs
 with NVRTC 13.5's precompiled headers on or off, and either in one long-lived process or with the
@@ -16,7 +17,7 @@ process's memory dropped before each cached compile (what a new process sees); a
 sequence a real new process asks the cache too.  Around a step that changes nothing the compiler reads
 (``mkdir`` of empty directories, no change), a hit must stay a hit: a needless miss fails too.
 
-Budget: ``PTXBACKEND_FUZZ_SECONDS`` (default 60) in all: half NVRTC 13.5, a third nvcc 13, a sixth
+Budget: ``PTXBACKEND_FUZZ_SECONDS`` (default 120) in all: half NVRTC 13.5, a third nvcc 13, a sixth
 NVRTC 11.7 (the ``nvidia-cuda-nvrtc-cu11`` wheel of the test extra, or ``PTXBACKEND_TEST_NVRTC117``;
 it has no precompiled headers and reads through another front end, and builds up to ``compute_87``);
 ``PTXBACKEND_FUZZ_SEED`` replays a run.  A difference fails with the seed, and Hypothesis shrinks it
@@ -39,7 +40,7 @@ import ptxbackend
 from ptxbackend.dependencies import depsets
 from conftest import REPO, run_python
 
-BUDGET = float(os.environ.get("PTXBACKEND_FUZZ_SECONDS", "60"))
+BUDGET = float(os.environ.get("PTXBACKEND_FUZZ_SECONDS", "120"))
 SEED = int(os.environ.get("PTXBACKEND_FUZZ_SEED", "0")) or int(time.time()) % 100000
 
 SOURCE = '''#if __has_include(<extra.cuh>)
@@ -64,7 +65,9 @@ tree_strategy = st.fixed_dictionaries({
                      st.tuples(st.just("next"), st.sampled_from(KINDS), st.sampled_from(("define", "link"))),
                      st.tuples(st.sampled_from(("none", "next")), st.just("next"), st.sampled_from(KINDS)),
                      # An #include_next past an empty directory to the one that defines: the empty one
-                     # must stay so, and a header created there later is a change.
+                     # must stay so, and a header created there later is a change (twice: only the
+                     # create in that directory, below, shows it).
+                     st.tuples(st.just("next"), st.just("none"), st.sampled_from(("define", "link"))),
                      st.tuples(st.just("next"), st.just("none"), st.sampled_from(("define", "link")))),
     "digits": st.tuples(*[st.integers(1, 9)] * 3),
     "extra": st.sampled_from((None,) + DIRS),
@@ -100,6 +103,10 @@ op_strategy = st.one_of(
     st.tuples(st.just("atomic_common"), st.integers(1, 9)),
     st.tuples(st.just("edit_hard_link"), st.integers(1, 9)),
     st.tuples(st.just("edit_forced_hard_link"), st.integers(1, 9)),
+    # Twice: a header that defines, edited through its hard link in a directory nobody searches (no
+    # event in any directory the compile read; only a watch on the file itself sees it).
+    st.tuples(st.just("edit_val_hard_link"), st.sampled_from(DIRS), st.integers(1, 9)),
+    st.tuples(st.just("edit_val_hard_link"), st.sampled_from(DIRS), st.integers(1, 9)),
     st.tuples(st.just("edit_real"), st.integers(0, 3), st.integers(1, 9)),  # 0: all three
     st.tuples(st.just("edit_real"), st.just(0), st.integers(1, 9)),
     st.tuples(st.just("extra"), st.sampled_from((None,) + DIRS), st.integers(1, 9)),
@@ -108,9 +115,12 @@ op_strategy = st.one_of(
     # A change (the next compile starts a new precompiled-header generation), a failing compile (the
     # first of it: its header may be the one NVRTC keeps), another change, then the fixed kernel.
     st.tuples(st.just("fail_then"), _EDIT, _EDIT),
+    st.tuples(st.just("fail_then"), _EDIT, _EDIT),
     # The same with the forced include as the second change: it is in every precompiled header.
     st.tuples(st.just("fail_then"), _EDIT, st.tuples(st.just("forced"), st.integers(1, 9))),
     # A header created in the middle -I directory, the one an #include_next passes over.
+    st.tuples(st.just("create"), st.just("I1"), st.sampled_from(("define", "link")), st.integers(1, 9)),
+    st.tuples(st.just("create"), st.just("I1"), st.sampled_from(("define", "link")), st.integers(1, 9)),
     st.tuples(st.just("create"), st.just("I1"), st.sampled_from(("define", "link")), st.integers(1, 9)),
     # Nothing changes: the next call is a hit, where a miss would have checked the files afresh.
     st.tuples(st.just("again"),),
@@ -122,7 +132,8 @@ op_strategy = st.one_of(
 UNCHANGING = ("mkdir", "again")
 # Ops the process asks once more before: a hit puts a set under watch, and an edit through a link or a hard
 # link elsewhere is what that watch must see.
-ASK_FIRST = UNCHANGING + ("edit_hard_link", "edit_forced_hard_link", "edit_real", "create_linked", "retarget_include")
+ASK_FIRST = UNCHANGING + ("edit_hard_link", "edit_forced_hard_link", "edit_val_hard_link", "edit_real", "create_linked",
+                           "retarget_include")
 
 
 def _define(digit):
@@ -234,6 +245,10 @@ class Tree(object):
         path = os.path.join(self.dir(directory), "val.cuh")
         if kind == "define":
             self.write(path, _define(digit))
+            hard = self.path("elsewhere", "val-%s.cuh" % directory)
+            if os.path.lexists(hard):
+                os.unlink(hard)
+            os.link(path, hard)
         elif kind == "next":
             self.write(path, "#include_next <val.cuh>\n")
         elif kind == "dotdot":
@@ -316,6 +331,11 @@ class Tree(object):
                     os.unlink(path)
             if args[0]:
                 self.write(os.path.join(self.dir(args[0]), "extra.cuh"), "#define EXTRA %d\n" % args[1])
+        elif name == "edit_val_hard_link":
+            hard = self.path("elsewhere", "val-%s.cuh" % args[0])
+            path = os.path.join(self.dir(args[0]), "val.cuh")
+            if os.path.exists(hard) and os.path.exists(path) and os.path.samefile(hard, path):
+                self.edit_in_place(hard, _define(args[1]))
         elif name == "edit_forced_hard_link":
             self.edit_in_place(self.path("elsewhere", "forced.cuh"), "#define FORCED %d\n" % args[0])
         elif name == "forced":
