@@ -6,7 +6,7 @@ its usual budget.  A class found fails the test with the fuzzer's own line: comp
 sequences into the run, the seed and the minimal sequence.  A class not found passes, and the fuzzer's
 summary line says how many sequences it tried::
 
-    STALE_REVERT=union PTXBACKEND_FUZZ_SECONDS=60 PYTHONPATH=benchmarks:tests \\
+    STALE_REVERT=union PTXBACKEND_FUZZ_SECONDS=120 PYTHONPATH=benchmarks:tests \\
         python -m pytest -q -s -p stale_reverted tests/test_stale_fuzzer.py
 
 Names: union (NVRTC's record of opens not completed by the include scan: headers through links and ``..``),
