@@ -323,8 +323,8 @@ def _gpus_to_serve(device_cc):
     try:
         if not driver.available():
             return []
-        return [(driver.compute_capability(i), "this machine's %s (sm_%d)" % (
-            driver.device_name(i), driver.compute_capability(i))) for i in range(driver.device_count())]
+        ccs = [(driver.compute_capability(i), driver.device_name(i)) for i in range(driver.device_count())]
+        return [(cc, "this machine's %s (sm_%d)" % (name, cc)) for cc, name in ccs]
     except Exception:  # noqa: BLE001  (a driver that cannot answer: nothing to check against, not a failure)
         return []
 

@@ -220,15 +220,13 @@ def _from_cache_only(store, settings, source, options, name, source_dir, cc, mis
     The toolkit's own headers are not on this machine, so only the caller's
     headers are checked: one that exists must be unchanged.
     """
-    for producer, record in store.producer_records():
+    for record, identity in _recorded_identities(store):
         try:
-            identity = CompilerIdentity.from_json(dict(record, content=""))
             chosen, reason = choose_target(settings.target, identity, cc)
-        except (TargetError, KeyError, TypeError, ValueError):
+        except TargetError:
             continue
-        backend = COMPILERS.get(identity.kind)
-        if backend is None or identity.producer != producer:
-            continue
+        backend = COMPILERS[identity.kind]
+        producer = identity.producer
         for toolkit in record.get("toolkits") or [""]:
             request = requests.build(options, name, source_dir, identity.kind, identity.host,
                                      requests.environment(settings, backend), str(toolkit))
@@ -244,6 +242,18 @@ def _from_cache_only(store, settings, source, options, name, source_dir, cc, mis
     raise CompilerNotFoundError(
         "%s\nThe cache at %s has no entry for this kernel either. Import a bundle made on a "
         "build box with the same kernels, or install a compiler." % (missing, store.root))
+
+
+def _recorded_identities(store):
+    """``(record, identity)`` of each producer the cache has a sound record of, for a compiler this
+    version knows: what a machine without a compiler looks up under."""
+    for producer, record in store.producer_records():
+        try:
+            identity = CompilerIdentity.from_json(dict(record, content=""))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if identity.kind in COMPILERS and identity.producer == producer:
+            yield record, identity
 
 
 def targets_wanted(settings, device_ccs):
@@ -265,14 +275,7 @@ def targets_wanted(settings, device_ccs):
     compilers = [identity.producer for identity in identities]
     wanted = {}
     if not identities:
-        store = open_cache(settings)
-        for producer, record in store.producer_records():
-            try:
-                identity = CompilerIdentity.from_json(dict(record, content=""))
-            except (KeyError, TypeError, ValueError):
-                continue
-            if identity.producer == producer:
-                identities.append(identity)
+        identities = [identity for _record, identity in _recorded_identities(open_cache(settings))]
     for identity in identities:
         for cc in device_ccs:
             try:
